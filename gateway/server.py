@@ -1,0 +1,28 @@
+"""Gateway process: serves the Generation API in front of the worker pool."""
+
+from __future__ import annotations
+
+from gateway.pool import WorkerPool
+from gateway.servicer import GenerationServicer
+from gateway.tokenizer import PromptTokenizer
+from pdmesh.config import GatewaySettings
+from pdmesh.grpc_server import AioServer
+from pdmesh.v1 import generate_pb2, generate_pb2_grpc
+
+SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self._settings = settings
+        self.pool = WorkerPool(settings.prefill_workers, settings.decode_workers)
+        self._server = AioServer([SERVICE_NAME])
+        servicer = GenerationServicer(self.pool, PromptTokenizer(settings.tokenizer), settings.request_timeout_s)
+        generate_pb2_grpc.add_GenerationServicer_to_server(servicer, self._server.server)
+
+    async def start(self) -> str:
+        return await self._server.start(self._settings.host, self._settings.port)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self._server.stop(grace_s)
+        await self.pool.close()

@@ -1,0 +1,72 @@
+"""Client-facing Generation service: tokenizes, validates, runs prefill then decode, streams tokens."""
+
+from __future__ import annotations
+
+import uuid
+
+from gateway.pool import Worker, WorkerPool
+from gateway.tokenizer import PromptTokenizer
+from pdmesh.errors import InvalidRequest, ModelNotFound
+from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.validation import check_prompt, check_sampling
+from pdmesh.v1 import generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+
+class GenerationServicer(generate_pb2_grpc.GenerationServicer):
+    def __init__(self, pool: WorkerPool, tokenizer: PromptTokenizer, request_timeout_s: float) -> None:
+        self._pool = pool
+        self._tokenizer = tokenizer
+        self._request_timeout_s = request_timeout_s
+
+    @maps_domain_errors
+    async def Generate(self, request: generate_pb2.GenerateRequest, context):
+        request_id = request.request_id or uuid.uuid4().hex
+        prefill, decode = await self._pool.pick_pair()
+        prompt_token_ids = self._prompt_token_ids(request, decode.info)
+        prefilled = await worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(
+            worker_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=prompt_token_ids),
+            timeout=self._request_timeout_s)
+        decode_request = worker_pb2.DecodeRequest(
+            request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=request.sampling, kv=prefilled.kv)
+        num_completion_tokens = 0
+        async for chunk in worker_pb2_grpc.DecodeStub(decode.channel).Decode(
+                decode_request, timeout=self._request_timeout_s):
+            num_completion_tokens += len(chunk.token_ids)
+            yield self._response(request_id, chunk, prefill, decode, len(prompt_token_ids), num_completion_tokens)
+
+    @maps_domain_errors
+    async def ListModels(self, request, context):
+        info = await self._pool.any_info()
+        return generate_pb2.ListModelsResponse(
+            models=[generate_pb2.ModelCard(id=info.model, max_model_len=info.max_model_len)])
+
+    def _prompt_token_ids(self, request: generate_pb2.GenerateRequest,
+                          info: worker_pb2.WorkerInfoResponse) -> list[int]:
+        if request.model and request.model != info.model:
+            raise ModelNotFound(f"model {request.model!r} is not served here; available: [{info.model!r}]")
+        which = request.WhichOneof("prompt")
+        if which is None:
+            raise InvalidRequest("prompt is empty")
+        prompt_token_ids = self._tokenizer.encode(request.text) if which == "text" else list(request.token_ids.ids)
+        if which == "text" and not request.text:
+            raise InvalidRequest("prompt is empty")
+        check_prompt(prompt_token_ids, info.max_model_len, info.vocab_size)
+        check_sampling(request.sampling, len(prompt_token_ids), info.max_model_len)
+        return prompt_token_ids
+
+    @staticmethod
+    def _response(request_id: str, chunk: worker_pb2.DecodeResponse, prefill: Worker, decode: Worker,
+                  num_prompt_tokens: int, num_completion_tokens: int) -> generate_pb2.GenerateResponse:
+        response = generate_pb2.GenerateResponse(request_id=request_id, token_ids=chunk.token_ids, text=chunk.text)
+        if chunk.finish_reason:
+            response.finish_reason = chunk.finish_reason
+            response.usage.prompt_tokens = num_prompt_tokens
+            response.usage.completion_tokens = num_completion_tokens
+            response.usage.total_tokens = num_prompt_tokens + num_completion_tokens
+            response.transfer.num_blocks = chunk.kv_blocks_received
+            response.transfer.num_bytes = chunk.kv_bytes_received
+            response.transfer.seconds = chunk.kv_seconds
+            response.transfer.num_cached_tokens = chunk.num_cached_tokens
+            response.transfer.prefill_worker = prefill.address
+            response.transfer.decode_worker = decode.address
+        return response

@@ -1,0 +1,103 @@
+"""`pdmesh` command: build-models, up (local demo cluster), generate (client)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pdmesh.config import DEFAULT_MODEL_DIR
+
+DEMO_PROMPT = "Hello world, the kalo mine is ready."
+
+
+def _build_models(args: argparse.Namespace) -> int:
+    from pdmesh.models.tiny import build_llama
+
+    print(f"tiny Llama written to {build_llama(Path(args.out))}")
+    return 0
+
+
+async def _print_stream(address: str, prompt: str, max_tokens: int, temperature: float) -> None:
+    from pdmesh.client import make_request, stream_generate
+
+    started = time.perf_counter()
+    async for response in stream_generate(address, make_request(prompt, max_tokens, temperature)):
+        print(response.text, end="", flush=True)
+        if response.finish_reason:
+            seconds = time.perf_counter() - started
+            print(f"\n[{response.usage.completion_tokens} tokens in {seconds:.2f}s; KV moved: "
+                  f"{response.transfer.num_blocks} blocks, {response.transfer.num_bytes} bytes; "
+                  f"decode reused {response.transfer.num_cached_tokens} of {response.usage.prompt_tokens} "
+                  f"prompt tokens]")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    asyncio.run(_print_stream(args.gateway, args.prompt, args.max_tokens, args.temperature))
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from pdmesh.cluster import LocalCluster
+    from pdmesh.models.tiny import ensure_llama
+
+    model_dir = ensure_llama(Path(args.model))
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pdmesh-"))
+    print(f"starting gateway + {args.prefill} prefill + {args.decode} decode on {model_dir} (logs: {run_dir})",
+          flush=True)
+    with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill,
+                      num_decode=args.decode) as cluster:
+        print(f"gateway {cluster.gateway_address}; prefill {cluster.prefill_addresses}; "
+              f"decode {cluster.decode_addresses}", flush=True)
+        print(f"> {args.prompt}", flush=True)
+        asyncio.run(_print_stream(cluster.gateway_address, args.prompt, args.max_tokens, 0.0))
+        if args.exit_after_demo:
+            return 0
+        print(f"serving; try: pdmesh generate 'your prompt' --gateway {cluster.gateway_address}  (Ctrl-C stops)",
+              flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("stopping", flush=True)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdmesh", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    build = sub.add_parser("build-models", help="write the tiny random-weight models and tokenizer")
+    build.add_argument("--out", default=str(DEFAULT_MODEL_DIR))
+    build.set_defaults(func=_build_models)
+
+    up = sub.add_parser("up", help="start gateway + prefill + decode locally and run a demo prompt")
+    up.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
+    up.add_argument("--port", type=int, default=50051)
+    up.add_argument("--prefill", type=int, default=1)
+    up.add_argument("--decode", type=int, default=1)
+    up.add_argument("--prompt", default=DEMO_PROMPT)
+    up.add_argument("--max-tokens", type=int, default=32)
+    up.add_argument("--run-dir", default=None)
+    up.add_argument("--exit-after-demo", action="store_true")
+    up.set_defaults(func=_up)
+
+    gen = sub.add_parser("generate", help="send a prompt to a gateway and print the streamed text")
+    gen.add_argument("prompt")
+    gen.add_argument("--gateway", default="127.0.0.1:50051")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

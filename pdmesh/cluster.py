@@ -1,0 +1,106 @@
+"""Runs a gateway, prefill and decode workers as local processes (the docker-compose topology
+without containers). Used by `pdmesh up`, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen
+    ready_file: Path
+    log_path: Path
+
+
+@dataclass
+class LocalCluster:
+    model_dir: Path
+    run_dir: Path
+    gateway_port: int = 0
+    num_prefill: int = 1
+    num_decode: int = 1
+    worker_args: list[str] = field(default_factory=list)   # extra CLI flags for every worker
+    startup_timeout_s: float = 300.0
+    _processes: list[_Process] = field(default_factory=list)
+    prefill_addresses: list[str] = field(default_factory=list)
+    decode_addresses: list[str] = field(default_factory=list)
+    gateway_address: str = ""
+
+    def start(self) -> "LocalCluster":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            workers = [self._spawn_worker("prefill", i, i) for i in range(self.num_prefill)]
+            workers += [self._spawn_worker("decode", i, self.num_prefill + i) for i in range(self.num_decode)]
+            ready = [self._wait_ready(p) for p in workers]
+            self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
+            self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]
+            self.gateway_address = self._wait_ready(self._spawn_gateway())["address"]
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        for process in reversed(self._processes):
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for process in reversed(self._processes):
+            try:
+                process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.popen.pid, signal.SIGKILL)
+                process.popen.wait()
+        self._processes.clear()
+
+    def logs(self) -> str:
+        return "\n".join(f"==> {p.name} <==\n{p.log_path.read_text()[-4000:]}" for p in self._processes)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _spawn_worker(self, role: str, index: int, core_index: int) -> _Process:
+        core = core_index % (os.cpu_count() or 1)
+        args = ["--port", "0", "--engine.model", str(self.model_dir),
+                "--engine.omp_threads_bind", str(core), *self.worker_args]
+        return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args])
+
+    def _spawn_gateway(self) -> _Process:
+        args = ["--port", str(self.gateway_port), "--tokenizer", str(self.model_dir),
+                "--prefill_workers", json.dumps(self.prefill_addresses),
+                "--decode_workers", json.dumps(self.decode_addresses)]
+        return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
+
+    def _spawn(self, name: str, command: list[str]) -> _Process:
+        ready_file = self.run_dir / f"{name}.ready.json"
+        ready_file.unlink(missing_ok=True)
+        log_path = self.run_dir / f"{name}.log"
+        with log_path.open("w") as log:
+            popen = subprocess.Popen([*command, "--ready_file", str(ready_file)], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        process = _Process(name, popen, ready_file, log_path)
+        self._processes.append(process)
+        return process
+
+    def _wait_ready(self, process: _Process) -> dict:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not process.ready_file.exists():
+            if process.popen.poll() is not None:
+                raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n"
+                                   f"{process.log_path.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{process.name} not ready after {self.startup_timeout_s}s")
+            time.sleep(0.2)
+        return json.loads(process.ready_file.read_text())

@@ -1,0 +1,89 @@
+"""One settings object per process: defaults < config file (TOML/JSON) < env (PDMESH_*) < CLI flags."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "pdmesh" / "models" / "tiny-llama"
+
+
+class EngineSettings(BaseModel):
+    """How a worker runs its vLLM engine."""
+
+    model: str = str(DEFAULT_MODEL_DIR)
+    served_model_name: str = "tiny-llama"
+    dtype: str = "float32"
+    block_size: int = 32               # CPU attention needs a multiple of 32
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    kv_cache_space_gib: int = 1        # VLLM_CPU_KVCACHE_SPACE
+    omp_threads_bind: str = "auto"     # VLLM_CPU_OMP_THREADS_BIND ("0-1", "nobind", ...)
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+
+class _LayeredSettings(BaseSettings):
+    """Adds a config file (path in `config_file`, from env or CLI) below env and CLI."""
+
+    config_file: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls, init_settings, env_settings))
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None, **overrides: Any):
+        """Parses argv (flags like --port 50051 --engine.model /path) on top of file and env."""
+        cli = CliSettingsSource(cls, cli_parse_args=argv if argv is not None else True,
+                                cli_prog_name="pdmesh", cli_implicit_flags=True)
+        return cls(_cli_settings_source=cli(args=argv if argv is not None else True), **overrides)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls, init_settings, env_settings) -> None:
+        super().__init__(settings_cls)
+        self._path = init_settings().get("config_file") or env_settings().get("config_file")
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - whole-file source
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if not self._path:
+            return {}
+        path = Path(self._path)
+        text = path.read_text()
+        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+
+
+class WorkerSettings(_LayeredSettings):
+    model_config = SettingsConfigDict(env_prefix="PDMESH_WORKER_", env_nested_delimiter="__")
+
+    role: Literal["prefill", "decode"] = "prefill"
+    host: str = "127.0.0.1"
+    port: int = 0                      # 0: pick a free port and report it
+    kv_host: str = "127.0.0.1"         # prefill: where its KV-transfer server listens
+    kv_port: int = 0                   # 0: pick a free port before the engine starts
+    hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
+    pull_timeout_s: float = 30.0
+    ready_file: Path | None = None     # written with {"address": ...} once serving
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+
+class GatewaySettings(_LayeredSettings):
+    model_config = SettingsConfigDict(env_prefix="PDMESH_GATEWAY_", env_nested_delimiter="__")
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    prefill_workers: list[str] = Field(default_factory=list)   # host:port
+    decode_workers: list[str] = Field(default_factory=list)
+    tokenizer: str = str(DEFAULT_MODEL_DIR)                     # folder with tokenizer.json
+    request_timeout_s: float = 300.0
+    ready_file: Path | None = None

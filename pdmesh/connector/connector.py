@@ -1,0 +1,93 @@
+"""PDMeshConnector: vLLM v1 KV connector that streams prefill KV to decode over gRPC.
+
+Loaded by vLLM through kv_transfer_config:
+  {"kv_connector": "PDMeshConnector", "kv_connector_module_path": "pdmesh.connector.connector",
+   "kv_role": "kv_producer" | "kv_consumer",
+   "kv_connector_extra_config": {"kv_host": ..., "kv_port": ..., "hold_timeout_s": ..., "pull_timeout_s": ...}}
+Each role's logic lives in its own class; this class only routes vLLM's calls to them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+
+from pdmesh.connector.metadata import PDMeshConnectorMetadata
+from pdmesh.connector.scheduler_side import ConnectorScheduler
+from pdmesh.connector.worker_side import ConnectorWorker
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+
+class PDMeshConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        block_size = vllm_config.cache_config.block_size
+        kv_host = str(extra.get("kv_host", "127.0.0.1"))
+        kv_port = int(extra.get("kv_port", 0))
+        self._scheduler: ConnectorScheduler | None = None
+        self._worker: ConnectorWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = ConnectorScheduler(block_size, f"{kv_host}:{kv_port}")
+        else:
+            self._worker = ConnectorWorker(
+                model=vllm_config.model_config.model, block_size=block_size,
+                is_producer=self._kv_transfer_config.is_kv_producer, kv_host=kv_host, kv_port=kv_port,
+                hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
+                pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)))
+
+    @property
+    def worker(self) -> ConnectorWorker:
+        assert self._worker is not None, "worker-side call on the scheduler-side connector"
+        return self._worker
+
+    # ---- worker side ----
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker.register_kv_caches(kv_caches, self._kv_cache_config.num_blocks)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, PDMeshConnectorMetadata)
+        self.worker.start_tasks(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # loads are asynchronous: the request waits in WAITING_FOR_REMOTE_KVS
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return None  # the producer serves blocks from the paged cache itself; nothing to copy out
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self.worker.get_finished()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_failed_block_ids()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+
+    # ---- scheduler side ----
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> PDMeshConnectorMetadata:
+        return self._scheduler.build_connector_meta()
+
+    def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request, block_ids)

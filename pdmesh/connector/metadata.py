@@ -1,0 +1,36 @@
+"""Per-step messages from the connector's scheduler side to its worker side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass
+class SendTask:
+    """Producer: blocks of a finished prefill to pin until the consumer releases them."""
+
+    transfer_id: str
+    block_ids: list[int]
+    token_ids: list[int]   # the tokens the blocks hold, for content hashes
+
+
+@dataclass
+class RecvTask:
+    """Consumer: blocks to pull into local blocks, then release on the producer."""
+
+    request_id: str          # engine-internal id, reported back through get_finished
+    pdmesh_request_id: str   # mesh-wide id, keys the transfer stats
+    transfer_id: str
+    kv_address: str
+    block_indexes: list[int]     # positions in the producer's block list
+    local_block_ids: list[int]   # where each of them goes, aligned with block_indexes
+    token_ids: list[int]         # the tokens the pulled blocks must hold
+    report_done: bool = True     # False: release-only (nothing is waiting on it)
+
+
+@dataclass
+class PDMeshConnectorMetadata(KVConnectorMetadata):
+    sends: list[SendTask] = field(default_factory=list)
+    recvs: list[RecvTask] = field(default_factory=list)

@@ -1,0 +1,76 @@
+"""Reads and writes whole blocks of vLLM's paged KV cache as flat bytes.
+
+A block's wire bytes are the block's slice of every layer, layers in registration order.
+Handles per-layer tensors shaped (num_blocks, ...) and (2, num_blocks, ...) (K/V split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdmesh.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class _LayerView:
+    name: str
+    tensor: torch.Tensor
+    block_dim: int
+    block_nbytes: int
+
+
+class PagedKVCache:
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+        self._layers = [self._layer_view(name, t, num_blocks) for name, t in kv_caches.items()]
+        self.num_blocks = num_blocks
+        self.block_nbytes = sum(layer.block_nbytes for layer in self._layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def dtype(self) -> str:
+        return str(self._layers[0].tensor.dtype).removeprefix("torch.")
+
+    @property
+    def layout(self) -> str:
+        first = self._layers[0]
+        return f"block_dim={first.block_dim};shape={tuple(first.tensor.shape)};device={first.tensor.device.type}"
+
+    def read_block(self, block_id: int) -> memoryview:
+        """A fresh contiguous copy of one block across all layers."""
+        self._check(block_id)
+        out = torch.empty(self.block_nbytes, dtype=torch.uint8)
+        offset = 0
+        for layer in self._layers:
+            piece = layer.tensor.select(layer.block_dim, block_id).contiguous()
+            out[offset:offset + layer.block_nbytes].copy_(piece.view(-1).view(torch.uint8).cpu())
+            offset += layer.block_nbytes
+        return memoryview(out.numpy())
+
+    def write_block(self, block_id: int, payload: bytes | bytearray | memoryview) -> None:
+        self._check(block_id)
+        if len(payload) != self.block_nbytes:
+            raise InvalidRequest(f"block payload {len(payload)} bytes, expected {self.block_nbytes}")
+        flat = torch.frombuffer(payload, dtype=torch.uint8)
+        offset = 0
+        for layer in self._layers:
+            dest = layer.tensor.select(layer.block_dim, block_id)
+            src = flat[offset:offset + layer.block_nbytes].view(layer.tensor.dtype).view(dest.shape)
+            dest.copy_(src)
+            offset += layer.block_nbytes
+
+    def _check(self, block_id: int) -> None:
+        if not 0 <= block_id < self.num_blocks:
+            raise InvalidRequest(f"block id {block_id} outside [0, {self.num_blocks})")
+
+    @staticmethod
+    def _layer_view(name: str, tensor: torch.Tensor, num_blocks: int) -> _LayerView:
+        block_dim = 0 if tensor.shape[0] == num_blocks else 1
+        if tensor.shape[block_dim] != num_blocks:
+            raise ValueError(f"layer {name}: no dimension of {tuple(tensor.shape)} is num_blocks={num_blocks}")
+        block = tensor.select(block_dim, 0)
+        return _LayerView(name, tensor, block_dim, block.numel() * tensor.element_size())

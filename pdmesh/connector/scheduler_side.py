@@ -1,0 +1,107 @@
+"""Scheduler-side half of the connector (runs in vLLM's EngineCore process).
+
+Producer (prefill): on finish, pins the request's blocks (delay free) and returns a handle
+naming them. Consumer (decode): claims the prompt's tokens as externally computed, asks the
+worker side to pull them asynchronously, and recomputes only the last prompt token.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pdmesh.connector import params as kvp
+from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class ConnectorScheduler:
+    def __init__(self, block_size: int, kv_address: str) -> None:
+        self._block_size = block_size
+        self._kv_address = kv_address
+        self._sends: list[SendTask] = []
+        self._recvs: list[RecvTask] = []
+
+    # ---- consumer ----
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if not params or not params.get(kvp.DO_REMOTE_PREFILL):
+            return 0, False
+        num_remote_tokens = min(int(params["num_tokens"]), request.num_prompt_tokens)
+        if len(params["block_ids"]) < _cdiv(num_remote_tokens, self._block_size):
+            logger.warning("request %s: handle names too few blocks; recomputing", request.request_id)
+            return 0, False
+        count = num_remote_tokens - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        if not params or not params.get(kvp.DO_REMOTE_PREFILL):
+            return
+        params[kvp.DO_REMOTE_PREFILL] = False  # one transfer per request
+        if num_external_tokens == 0:
+            self._recvs.append(self._release_only(request, params))
+            return
+        num_remote_tokens = min(int(params["num_tokens"]), request.num_prompt_tokens)
+        num_local_tokens = num_remote_tokens - num_external_tokens
+        block_indexes = list(range(num_local_tokens // self._block_size,
+                                   _cdiv(num_remote_tokens, self._block_size)))
+        local_block_ids = blocks.get_block_ids()[0]
+        self._recvs.append(RecvTask(
+            request_id=request.request_id,
+            pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
+            transfer_id=params["transfer_id"],
+            kv_address=params["kv_address"],
+            block_indexes=block_indexes,
+            local_block_ids=[local_block_ids[i] for i in block_indexes],
+            token_ids=list(request.prompt_token_ids[:num_remote_tokens]),
+        ))
+
+    # ---- producer ----
+    def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        params = request.kv_transfer_params
+        if not params:
+            return False, None
+        if params.get(kvp.DO_REMOTE_PREFILL):
+            # Consumer request aborted before its blocks were allocated: still free the producer's.
+            params[kvp.DO_REMOTE_PREFILL] = False
+            self._recvs.append(self._release_only(request, params))
+            return False, None
+        if not params.get(kvp.DO_REMOTE_DECODE) or not self._finished_normally(request):
+            return False, None
+        block_ids = list(block_ids[0]) if block_ids and isinstance(block_ids[0], (list, tuple)) else list(block_ids)
+        if not block_ids:
+            return False, None
+        num_tokens = request.num_computed_tokens
+        block_ids = block_ids[:_cdiv(num_tokens, self._block_size)]
+        self._sends.append(SendTask(request.request_id, block_ids, list(request.prompt_token_ids[:num_tokens])))
+        return True, kvp.handle_params(request.request_id, self._kv_address, block_ids, num_tokens)
+
+    # ---- both ----
+    def build_connector_meta(self) -> PDMeshConnectorMetadata:
+        meta = PDMeshConnectorMetadata(sends=self._sends, recvs=self._recvs)
+        self._sends, self._recvs = [], []
+        return meta
+
+    @staticmethod
+    def _finished_normally(request: "Request") -> bool:
+        from vllm.v1.request import RequestStatus
+
+        return request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+
+    @staticmethod
+    def _release_only(request: "Request", params: dict[str, Any]) -> RecvTask:
+        return RecvTask(
+            request_id=request.request_id,
+            pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
+            transfer_id=params["transfer_id"], kv_address=params["kv_address"],
+            block_indexes=[], local_block_ids=[], token_ids=[], report_done=False)

@@ -1,0 +1,23 @@
+"""Methods vLLM adds to its worker (parallel_config.worker_extension_cls) so the serving
+process can read the connector's state through `engine.collective_rpc`."""
+
+from __future__ import annotations
+
+
+class PDMeshWorkerExtension:
+    def pdmesh_compat(self) -> bytes:
+        """The worker's CompatInfo, serialized."""
+        return _connector_worker().compat.SerializeToString()
+
+    def pdmesh_transfer_stats(self, request_id: str) -> dict | None:
+        return _connector_worker().ledger.for_request(request_id)
+
+    def pdmesh_counters(self) -> dict:
+        worker = _connector_worker()
+        return {**worker.ledger.total(), "num_held": worker.held.num_held, "num_expired": worker.held.num_expired}
+
+
+def _connector_worker():
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group().worker

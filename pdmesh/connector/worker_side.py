@@ -1,0 +1,133 @@
+"""Worker-side half of the connector (runs in the vLLM worker process that owns the KV cache).
+
+Producer: pins blocks named by SendTasks and serves them from a gRPC KV server.
+Consumer: pulls blocks named by RecvTasks on a thread pool, verifies checksum and content
+hash, writes them into the paged cache, releases them on the producer, and reports the
+request as received (with any failed block ids, which vLLM then recomputes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from kvstore.block_hash import chain_block_hashes
+from pdmesh.compat import fingerprint_seed, model_fingerprint
+from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
+from pdmesh.connector.paged_kv import PagedKVCache
+from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
+from pdmesh.errors import BlockHashMismatch, PDMeshError
+from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
+from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
+from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.v1 import common_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class ConnectorWorker:
+    def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
+                 hold_timeout_s: float, pull_timeout_s: float) -> None:
+        self._model = model
+        self._block_size = block_size
+        self._is_producer = is_producer
+        self._kv_host, self._kv_port = kv_host, kv_port
+        self._hold_timeout_s = hold_timeout_s
+        self._pull_timeout_s = pull_timeout_s
+        self._lock = threading.Lock()
+        self._done_recving: set[str] = set()
+        self._failed_block_ids: set[int] = set()
+        self.held = HeldTransfers()
+        self.ledger = TransferLedger()
+        self.compat: common_pb2.CompatInfo | None = None
+        self._paged: PagedKVCache | None = None
+        self._server: GrpcKVServer | None = None
+        self._receiver: GrpcKVReceiver | None = None
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv")
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+        self._paged = PagedKVCache(kv_caches, num_blocks)
+        self.compat = common_pb2.CompatInfo(
+            model_fingerprint=model_fingerprint(self._model, self._paged.dtype, self._block_size),
+            dtype=self._paged.dtype, block_size=self._block_size, layout=self._paged.layout,
+            num_layers=self._paged.num_layers, block_nbytes=self._paged.block_nbytes)
+        if self._is_producer:
+            servicer = KVTransferServicer(self.compat, self.held, self._paged.read_block)
+            self._server = GrpcKVServer(servicer, self._kv_host, self._kv_port)
+            logger.info("pdmesh KV server on %s", self._server.address)
+        else:
+            self._receiver = GrpcKVReceiver(self.compat, timeout_s=self._pull_timeout_s)
+
+    def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
+        for send in meta.sends:
+            self._hold(send)
+        for recv in meta.recvs:
+            self._pool.submit(self._receive, recv)
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        finished_sending = self.held.take_finished() if self._is_producer else set()
+        with self._lock:
+            finished_recving, self._done_recving = self._done_recving, set()
+        return finished_sending or None, finished_recving or None
+
+    def take_failed_block_ids(self) -> set[int]:
+        with self._lock:
+            failed, self._failed_block_ids = self._failed_block_ids, set()
+        return failed
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._server is not None:
+            self._server.stop(grace_s=0.5)
+        if self._receiver is not None:
+            self._receiver.close()
+
+    def _hold(self, send: SendTask) -> None:
+        hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
+                                    include_partial=True)
+        self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(hashes),
+                                    deadline=time.monotonic() + self._hold_timeout_s))
+
+    def _receive(self, task: RecvTask) -> None:
+        started = time.perf_counter()
+        stats = TransferStats()
+        try:
+            if task.block_indexes:
+                stats = self._pull_into_cache(task)
+        except Exception as exc:  # noqa: BLE001 - a failed pull becomes recompute, never a crash
+            logger.warning("request %s: KV pull failed (%s); blocks will be recomputed", task.request_id, exc)
+        finally:
+            self._release(task)
+        stats.seconds = time.perf_counter() - started
+        stats.num_failed_blocks = len(task.block_indexes) - stats.num_blocks
+        self.ledger.record(task.pdmesh_request_id, stats)
+        with self._lock:
+            self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
+            if task.report_done:
+                self._done_recving.add(task.request_id)
+
+    def _pull_into_cache(self, task: RecvTask) -> TransferStats:
+        expected = chain_block_hashes(fingerprint_seed(self.compat), task.token_ids, self._block_size,
+                                      include_partial=True)
+        local_by_index = dict(zip(task.block_indexes, task.local_block_ids))
+        stats = TransferStats()
+        for block in self._receiver.pull(task.kv_address, task.transfer_id, task.block_indexes):
+            if block.block_index != task.block_indexes[stats.num_blocks]:
+                raise BlockHashMismatch(f"block {block.block_index} arrived out of order")
+            if block.block_hash != expected[block.block_index]:
+                raise BlockHashMismatch(f"block {block.block_index} holds other tokens than request {task.request_id}")
+            self._paged.write_block(local_by_index[block.block_index], block.payload)
+            stats.num_blocks += 1
+            stats.num_bytes += len(block.payload)
+        return stats
+
+    def _release(self, task: RecvTask) -> None:
+        try:
+            self._receiver.release(task.kv_address, task.transfer_id)
+        except PDMeshError as exc:
+            logger.warning("transfer %s: release failed (%s); producer frees it at its deadline",
+                           task.transfer_id, exc)

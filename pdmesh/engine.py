@@ -1,0 +1,69 @@
+"""Builds a worker's vLLM engine with the PDMesh connector for its role."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from pdmesh.config import EngineSettings, WorkerSettings
+
+CONNECTOR_MODULE = "pdmesh.connector.connector"
+WORKER_EXTENSION = "pdmesh.connector.worker_ext.PDMeshWorkerExtension"
+
+
+def apply_cpu_env(engine: EngineSettings) -> None:
+    """vLLM's CPU backend reads these from the environment of the engine processes it spawns."""
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(engine.kv_cache_space_gib)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine.omp_threads_bind
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]:
+    return {
+        "kv_connector": "PDMeshConnector",
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer" if settings.role == "prefill" else "kv_consumer",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "kv_host": settings.kv_host,
+            "kv_port": kv_port,
+            "hold_timeout_s": settings.hold_timeout_s,
+            "pull_timeout_s": settings.pull_timeout_s,
+        },
+    }
+
+
+def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
+    return {
+        "model": engine.model,
+        "served_model_name": engine.served_model_name,
+        "dtype": engine.dtype,
+        "block_size": engine.block_size,
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "enforce_eager": engine.enforce_eager,
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "seed": engine.seed,
+    }
+
+
+def build_worker_engine(settings: WorkerSettings, kv_port: int):
+    """AsyncLLM for a prefill or decode worker (imports vLLM here, not at module import)."""
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    apply_cpu_env(settings.engine)
+    args = AsyncEngineArgs(
+        **engine_kwargs(settings.engine),
+        kv_transfer_config=KVTransferConfig(**kv_transfer_config(settings, kv_port)),
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    return AsyncLLM.from_engine_args(args)

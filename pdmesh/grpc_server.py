@@ -1,0 +1,59 @@
+"""grpc.aio server scaffolding shared by gateway and workers: health, reflection, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pdmesh.transport.grpc_options import GRPC_OPTIONS
+
+
+class AioServer:
+    def __init__(self, service_names: Iterable[str]) -> None:
+        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.address = ""
+
+    async def start(self, host: str, port: int) -> str:
+        bound = self.server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"could not bind {host}:{port}")
+        await self.server.start()
+        for name in ["", *self._service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.address = f"{host}:{bound}"
+        return self.address
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Marks NOT_SERVING, lets in-flight RPCs finish within grace_s, then stops."""
+        for name in ["", *self._service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace_s)
+
+
+async def wait_for_termination_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def write_ready_file(path: Path | None, **fields: object) -> None:
+    """Atomically writes {"address": ..., ...} so a launcher knows the process is serving."""
+    if path is None:
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(fields))
+    tmp.replace(path)

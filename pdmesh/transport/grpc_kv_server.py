@@ -1,0 +1,90 @@
+"""gRPC KV-transfer server run inside the producer engine's worker process.
+
+That process has no asyncio loop and runs model steps on its main thread, so this is a
+thread-pool `grpc.server`: reads of held (immutable) blocks happen off the engine thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pdmesh.compat import check_compatible
+from pdmesh.errors import InvalidRequest, PDMeshError
+from pdmesh.status_map import grpc_status_of
+from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_block_chunks
+from pdmesh.transport.grpc_options import GRPC_OPTIONS
+from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
+
+BlockReader = Callable[[int], memoryview]
+
+
+class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
+    def __init__(
+        self,
+        compat: common_pb2.CompatInfo,
+        held: HeldTransfers,
+        read_block: BlockReader,
+        wait_timeout_s: float = 10.0,
+        chunk_nbytes: int = DEFAULT_CHUNK_NBYTES,
+    ) -> None:
+        self._compat = compat
+        self._held = held
+        self._read_block = read_block
+        self._wait_timeout_s = wait_timeout_s
+        self._chunk_nbytes = chunk_nbytes
+
+    def Pull(self, request, context):
+        try:
+            transfer = self._open_transfer(request)
+        except PDMeshError as exc:
+            context.abort(grpc_status_of(exc), str(exc))
+        for index in request.block_indexes:
+            payload = self._read_block(transfer.block_ids[index])
+            yield from iter_block_chunks(index, payload, transfer.block_hashes[index], self._chunk_nbytes)
+
+    def Release(self, request, context):
+        return kv_transfer_pb2.ReleaseResponse(released=self._held.release(request.transfer_id))
+
+    def _open_transfer(self, request: kv_transfer_pb2.PullRequest) -> HeldTransfer:
+        check_compatible(self._compat, request.compat)
+        transfer = self._held.wait_for(request.transfer_id, self._wait_timeout_s)
+        num_blocks = len(transfer.block_ids)
+        bad = [i for i in request.block_indexes if not 0 <= i < num_blocks]
+        if bad:
+            raise InvalidRequest(f"transfer {request.transfer_id}: block indexes {bad} outside [0, {num_blocks})")
+        return transfer
+
+
+class GrpcKVServer:
+    """Owns the server; `address` is host:port actually bound."""
+
+    def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 4) -> None:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+        kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(servicer, self._server)
+        self._add_health_and_reflection()
+        bound_port = self._server.add_insecure_port(f"{host}:{port}")
+        if bound_port == 0:
+            raise OSError(f"KV transfer server could not bind {host}:{port}")
+        self._address = f"{host}:{bound_port}"
+        self._server.start()
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        self._server.stop(grace_s).wait()
+
+    def _add_health_and_reflection(self) -> None:
+        health_servicer = health.HealthServicer()
+        health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._server)
+        names = (kv_transfer_pb2.DESCRIPTOR.services_by_name["KVTransfer"].full_name,
+                 health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self._server)

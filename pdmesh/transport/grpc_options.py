@@ -1,0 +1,12 @@
+"""Channel and server options shared by every pdmesh gRPC endpoint."""
+
+from pdmesh.transport.chunking import MAX_CHUNK_NBYTES
+
+# Chunks stay at or below MAX_CHUNK_NBYTES; leave headroom for the message envelope.
+MAX_MESSAGE_NBYTES = MAX_CHUNK_NBYTES + (1 << 20)
+
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_NBYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_NBYTES),
+    ("grpc.so_reuseport", 0),
+]

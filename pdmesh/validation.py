@@ -1,0 +1,32 @@
+"""Request checks shared by the gateway and the workers (a worker never trusts its caller)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pdmesh.errors import InvalidRequest
+from pdmesh.v1 import common_pb2
+
+
+def check_prompt(prompt_token_ids: Sequence[int], max_model_len: int, vocab_size: int) -> None:
+    if not prompt_token_ids:
+        raise InvalidRequest("prompt is empty")
+    if len(prompt_token_ids) >= max_model_len:
+        raise InvalidRequest(
+            f"prompt has {len(prompt_token_ids)} tokens; the model's context is {max_model_len} tokens")
+    bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequest(f"token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+
+
+def check_sampling(sampling: common_pb2.SamplingParams, num_prompt_tokens: int, max_model_len: int) -> None:
+    if sampling.max_tokens <= 0:
+        raise InvalidRequest(f"max_tokens must be > 0, got {sampling.max_tokens}")
+    if num_prompt_tokens + sampling.max_tokens > max_model_len:
+        raise InvalidRequest(
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
+            f"model's context of {max_model_len} tokens")
+    if sampling.temperature < 0:
+        raise InvalidRequest(f"temperature must be >= 0, got {sampling.temperature}")
+    if not 0 <= sampling.top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {sampling.top_p}")
