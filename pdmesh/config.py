@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -42,9 +43,22 @@ class _LayeredSettings(BaseSettings):
     @classmethod
     def from_cli(cls, argv: list[str] | None = None, **overrides: Any):
         """Parses argv (flags like --port 50051 --engine.model /path) on top of file and env."""
-        cli = CliSettingsSource(cls, cli_parse_args=argv if argv is not None else True,
-                                cli_prog_name="pdmesh", cli_implicit_flags=True)
-        return cls(_cli_settings_source=cli(args=argv if argv is not None else True), **overrides)
+        args = sys.argv[1:] if argv is None else argv
+        config_file = _flag_value(args, "--config_file")
+        if config_file is not None:
+            overrides.setdefault("config_file", config_file)
+        cli = CliSettingsSource(cls, cli_prog_name="pdmesh", cli_implicit_flags=True)
+        return cls(_cli_settings_source=cli(args=args), **overrides)
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in args (`--flag v` or `--flag=v`), so the file source sees it too."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 class _FileSource(PydanticBaseSettingsSource):

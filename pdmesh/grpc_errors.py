@@ -10,18 +10,18 @@ import logging
 import grpc
 
 from pdmesh.errors import PDMeshError
-from pdmesh.status_map import error_from_grpc, grpc_status_of
+from pdmesh.status_map import error_from_rpc_error, error_metadata, grpc_status_of
 
 logger = logging.getLogger(__name__)
 
 
-def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+def _abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple]:
     if isinstance(exc, grpc.aio.AioRpcError):  # a peer's failure: keep its meaning
-        return grpc_status_of(error_from_grpc(exc.code(), exc.details() or "")), exc.details() or str(exc)
+        exc = error_from_rpc_error(exc)
     if isinstance(exc, PDMeshError):
-        return grpc_status_of(exc), str(exc)
+        return grpc_status_of(exc), str(exc), error_metadata(exc)
     logger.exception("unexpected error in handler")
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}", ()
 
 
 def maps_domain_errors(handler):
@@ -32,14 +32,14 @@ def maps_domain_errors(handler):
             try:
                 async for item in handler(self, request, context):
                     yield item
-            except (PDMeshError, grpc.aio.AioRpcError, ValueError, RuntimeError, OSError) as exc:
-                await context.abort(*_status_of(exc))
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a crash
+                await context.abort(*_abort_args(exc))
         return stream_wrapper
 
     @functools.wraps(handler)
     async def unary_wrapper(self, request, context):
         try:
             return await handler(self, request, context)
-        except (PDMeshError, grpc.aio.AioRpcError, ValueError, RuntimeError, OSError) as exc:
-            await context.abort(*_status_of(exc))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a crash
+            await context.abort(*_abort_args(exc))
     return unary_wrapper

@@ -17,8 +17,10 @@ STATUS_TABLE: dict[type[errors.PDMeshError], tuple[grpc.StatusCode, int]] = {
     errors.WorkerFailed: (grpc.StatusCode.UNAVAILABLE, 503),
 }
 
-_CODE_TO_ERROR = {code: err for err, (code, _) in STATUS_TABLE.items()
-                  if err not in (errors.TransferNotFound, errors.BlockHashMismatch, errors.WorkerFailed)}
+# Several errors share a code; the exact one travels as trailing metadata under this key.
+ERROR_KEY = "pdmesh-error"
+_ERRORS_BY_NAME = {err.__name__: err for err in STATUS_TABLE}
+_CODE_TO_ERROR = {code: err for err, (code, _) in reversed(list(STATUS_TABLE.items()))}
 
 
 def grpc_status_of(exc: BaseException) -> grpc.StatusCode:
@@ -35,6 +37,17 @@ def http_status_of(exc: BaseException) -> int:
     return 500
 
 
-def error_from_grpc(code: grpc.StatusCode, details: str) -> errors.PDMeshError:
+def error_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata naming the domain error, for error_from_grpc on the other side."""
+    return ((ERROR_KEY, type(exc).__name__),) if type(exc).__name__ in _ERRORS_BY_NAME else ()
+
+
+def error_from_grpc(code: grpc.StatusCode, details: str, metadata=None) -> errors.PDMeshError:
     """Turns a peer's status back into the domain error it stood for."""
-    return _CODE_TO_ERROR.get(code, errors.WorkerFailed)(details)
+    names = [value for key, value in (metadata or ()) if key == ERROR_KEY]
+    err_type = _ERRORS_BY_NAME.get(names[0]) if names else None
+    return (err_type or _CODE_TO_ERROR.get(code, errors.WorkerFailed))(details)
+
+
+def error_from_rpc_error(exc: grpc.RpcError) -> errors.PDMeshError:
+    return error_from_grpc(exc.code(), exc.details() or str(exc), exc.trailing_metadata())

@@ -16,11 +16,16 @@ AddServicer = Callable[[AioServer, object, worker_pb2.WorkerInfoResponse], None]
 
 
 class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServicer):
-    def __init__(self, info: worker_pb2.WorkerInfoResponse) -> None:
+    def __init__(self, info: worker_pb2.WorkerInfoResponse, engine) -> None:
         self._info = info
+        self._engine = engine
 
     async def GetInfo(self, request, context):
         return self._info
+
+    async def GetStats(self, request, context):
+        counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
+        return worker_pb2.WorkerStats(**counters)
 
 
 async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> worker_pb2.WorkerInfoResponse:
@@ -39,7 +44,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     try:
         info = await describe_worker(settings, engine, f"{settings.kv_host}:{kv_port}")
         server = AioServer([service_name, "pdmesh.v1.WorkerInfo"])
-        worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info), server.server)
+        worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
         add_servicer(server, engine, info)
         address = await server.start(settings.host, settings.port)
         logger.info("%s worker serving on %s (KV %s)", settings.role, address, info.kv_address or "-")

@@ -13,8 +13,8 @@ class PDMeshWorkerExtension:
         return _connector_worker().ledger.for_request(request_id)
 
     def pdmesh_counters(self) -> dict:
-        worker = _connector_worker()
-        return {**worker.ledger.total(), "num_held": worker.held.num_held, "num_expired": worker.held.num_expired}
+        """Field names of pdmesh.v1.WorkerStats."""
+        return _connector_worker().counters()
 
 
 def _connector_worker():

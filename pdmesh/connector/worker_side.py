@@ -46,6 +46,7 @@ class ConnectorWorker:
         self.compat: common_pb2.CompatInfo | None = None
         self._paged: PagedKVCache | None = None
         self._server: GrpcKVServer | None = None
+        self._servicer: KVTransferServicer | None = None
         self._receiver: GrpcKVReceiver | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv")
 
@@ -56,8 +57,8 @@ class ConnectorWorker:
             dtype=self._paged.dtype, block_size=self._block_size, layout=self._paged.layout,
             num_layers=self._paged.num_layers, block_nbytes=self._paged.block_nbytes)
         if self._is_producer:
-            servicer = KVTransferServicer(self.compat, self.held, self._paged.read_block)
-            self._server = GrpcKVServer(servicer, self._kv_host, self._kv_port)
+            self._servicer = KVTransferServicer(self.compat, self.held, self._paged.read_block)
+            self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port)
             logger.info("pdmesh KV server on %s", self._server.address)
         else:
             self._receiver = GrpcKVReceiver(self.compat, timeout_s=self._pull_timeout_s)
@@ -78,6 +79,17 @@ class ConnectorWorker:
         with self._lock:
             failed, self._failed_block_ids = self._failed_block_ids, set()
         return failed
+
+    def counters(self) -> dict:
+        total = self.ledger.total()
+        servicer = self._servicer
+        return {
+            "kv_blocks_received": total["num_blocks"], "kv_bytes_received": total["num_bytes"],
+            "kv_failed_blocks": total["num_failed_blocks"],
+            "kv_blocks_sent": servicer.num_blocks_sent if servicer else 0,
+            "kv_bytes_sent": servicer.num_bytes_sent if servicer else 0,
+            "num_held_transfers": self.held.num_held, "num_expired_transfers": self.held.num_expired,
+        }
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

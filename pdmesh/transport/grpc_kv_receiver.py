@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from pdmesh.errors import WorkerFailed
-from pdmesh.status_map import error_from_grpc
+from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.chunking import AssembledBlock, BlockAssembler
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
@@ -34,7 +34,7 @@ class GrpcKVReceiver:
                     num_blocks += 1
                     yield block
         except grpc.RpcError as exc:
-            raise error_from_grpc(exc.code(), exc.details() or str(exc)) from exc
+            raise error_from_rpc_error(exc) from exc
         if num_blocks != len(block_indexes) or assembler.in_progress:
             raise WorkerFailed(f"transfer {transfer_id}: got {num_blocks} of {len(block_indexes)} blocks")
 
@@ -43,7 +43,7 @@ class GrpcKVReceiver:
             self._stub(address).Release(kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id),
                                         timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            raise error_from_grpc(exc.code(), exc.details() or str(exc)) from exc
+            raise error_from_rpc_error(exc) from exc
 
     def close(self) -> None:
         with self._lock:

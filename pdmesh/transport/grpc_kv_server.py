@@ -6,6 +6,7 @@ thread-pool `grpc.server`: reads of held (immutable) blocks happen off the engin
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent import futures
 
@@ -15,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from pdmesh.compat import check_compatible
 from pdmesh.errors import InvalidRequest, PDMeshError
-from pdmesh.status_map import grpc_status_of
+from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_block_chunks
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
@@ -38,15 +39,22 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         self._read_block = read_block
         self._wait_timeout_s = wait_timeout_s
         self._chunk_nbytes = chunk_nbytes
+        self._lock = threading.Lock()
+        self.num_blocks_sent = 0
+        self.num_bytes_sent = 0
 
     def Pull(self, request, context):
         try:
             transfer = self._open_transfer(request)
         except PDMeshError as exc:
+            context.set_trailing_metadata(error_metadata(exc))
             context.abort(grpc_status_of(exc), str(exc))
         for index in request.block_indexes:
             payload = self._read_block(transfer.block_ids[index])
             yield from iter_block_chunks(index, payload, transfer.block_hashes[index], self._chunk_nbytes)
+            with self._lock:
+                self.num_blocks_sent += 1
+                self.num_bytes_sent += payload.nbytes
 
     def Release(self, request, context):
         return kv_transfer_pb2.ReleaseResponse(released=self._held.release(request.transfer_id))

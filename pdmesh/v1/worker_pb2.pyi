@@ -7,6 +7,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStats(_message.Message):
+    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers")
+    KV_BLOCKS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    KV_FAILED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_SENT_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    NUM_HELD_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPIRED_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    kv_blocks_received: int
+    kv_bytes_received: int
+    kv_failed_blocks: int
+    kv_blocks_sent: int
+    kv_bytes_sent: int
+    num_held_transfers: int
+    num_expired_transfers: int
+    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ...) -> None: ...
+
 class GetInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

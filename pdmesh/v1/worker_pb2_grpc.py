@@ -40,6 +40,11 @@ class WorkerInfoStub:
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_worker__pb2.WorkerInfoResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/pdmesh.v1.WorkerInfo/GetStats',
+                request_serializer=pdmesh_dot_v1_dot_worker__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+                _registered_method=True)
 
 
 class WorkerInfoServicer:
@@ -52,6 +57,13 @@ class WorkerInfoServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """KV counters since start: what moved, what is still pinned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerInfoServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +71,11 @@ def add_WorkerInfoServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.GetInfoRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_worker__pb2.WorkerInfoResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=pdmesh_dot_v1_dot_worker__pb2.GetStatsRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +106,33 @@ class WorkerInfo:
             '/pdmesh.v1.WorkerInfo/GetInfo',
             pdmesh_dot_v1_dot_worker__pb2.GetInfoRequest.SerializeToString,
             pdmesh_dot_v1_dot_worker__pb2.WorkerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.WorkerInfo/GetStats',
+            pdmesh_dot_v1_dot_worker__pb2.GetStatsRequest.SerializeToString,
+            pdmesh_dot_v1_dot_worker__pb2.WorkerStats.FromString,
             options,
             channel_credentials,
             insecure,

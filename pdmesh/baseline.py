@@ -1,0 +1,45 @@
+"""Monolithic vLLM baseline: one engine runs prompts end to end. The yardstick for the mesh's
+correctness tests (token-for-token) and benchmarks (throughput ratio).
+
+python -m pdmesh.baseline IN.json OUT.json, IN = {"model": DIR, "prompts": [[ids...] | "text", ...],
+"sampling": {"max_tokens": N, ...}, "omp_threads_bind": "0-1"}; OUT = {"token_ids": [[...]...],
+"prompt_token_ids": [[...]...], "seconds": wall time of generate()}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from pdmesh.config import EngineSettings
+from pdmesh.engine import apply_cpu_env, engine_kwargs
+
+
+def run_baseline(spec: dict) -> dict:
+    engine = EngineSettings(model=spec["model"], omp_threads_bind=spec.get("omp_threads_bind", "auto"))
+    apply_cpu_env(engine)
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**engine_kwargs(engine))
+    sampling = SamplingParams(**spec["sampling"])
+    prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in spec["prompts"]]
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    return {
+        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+        "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
+        "seconds": seconds,
+    }
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    Path(sys.argv[2]).write_text(json.dumps(run_baseline(spec)))
+
+
+if __name__ == "__main__":
+    main()

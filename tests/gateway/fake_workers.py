@@ -1,0 +1,44 @@
+"""In-process stand-ins for prefill/decode workers (unit tests only; tests/e2e drives real ones)."""
+
+from __future__ import annotations
+
+from pdmesh.grpc_server import AioServer
+from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
+                               num_layers=4, block_nbytes=1024)
+
+
+def info(role: str, compat: common_pb2.CompatInfo = COMPAT) -> worker_pb2.WorkerInfoResponse:
+    return worker_pb2.WorkerInfoResponse(role=role, model="tiny-llama", max_model_len=128, compat=compat,
+                                         vocab_size=1024)
+
+
+class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServicer,
+                 worker_pb2_grpc.DecodeServicer):
+    """Prefill answers a handle; decode echoes prompt ids back as 'generated' tokens."""
+
+    def __init__(self, role: str, compat: common_pb2.CompatInfo = COMPAT) -> None:
+        self.info = info(role, compat)
+        self.requests: list = []
+        self.server = AioServer([])
+        worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
+        add = worker_pb2_grpc.add_PrefillServicer_to_server if role == "prefill" \
+            else worker_pb2_grpc.add_DecodeServicer_to_server
+        add(self, self.server.server)
+
+    async def GetInfo(self, request, context):
+        return self.info
+
+    async def Prefill(self, request, context):
+        self.requests.append(request)
+        return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
+            transfer_id="t-" + request.request_id, kv_address="127.0.0.1:1", block_ids=[0],
+            num_tokens=len(request.prompt_token_ids), compat=self.info.compat))
+
+    async def Decode(self, request, context):
+        self.requests.append(request)
+        for token_id in request.prompt_token_ids[:request.sampling.max_tokens]:
+            yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
+        yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,
+                                        num_cached_tokens=len(request.prompt_token_ids))

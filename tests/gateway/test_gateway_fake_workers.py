@@ -1,0 +1,124 @@
+"""Gateway validation, error mapping and pairing against in-process fake workers."""
+
+import re
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from gateway.server import Gateway
+from pdmesh.client import generate, make_request
+from pdmesh.config import GatewaySettings
+from pdmesh.v1 import common_pb2, generate_pb2
+from tests.gateway.fake_workers import COMPAT, FakeWorker
+
+
+async def _start(tiny_llama_dir, decode_compat=COMPAT):
+    prefill, decode = FakeWorker("prefill"), FakeWorker("decode", decode_compat)
+    prefill_address = await prefill.server.start("127.0.0.1", 0)
+    decode_address = await decode.server.start("127.0.0.1", 0)
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
+                                      tokenizer=str(tiny_llama_dir)))
+    return gateway, await gateway.start(), prefill, decode
+
+
+@pytest.fixture
+async def mesh(tiny_llama_dir):
+    gateway, address, prefill, decode = await _start(tiny_llama_dir)
+    yield address, prefill, decode
+    await gateway.stop(0)
+    await prefill.server.stop(0)
+    await decode.server.stop(0)
+
+
+async def test_request_flows_prefill_then_decode_with_the_same_ids(mesh):
+    address, prefill, decode = mesh
+    token_ids, text, last = await generate(address, make_request([0, 7, 9], max_tokens=2, request_id="r1"))
+    assert (token_ids, text) == ([0, 7], "<0><7>")
+    assert [r.request_id for r in prefill.requests + decode.requests] == ["r1", "r1"]
+    assert decode.requests[0].kv.transfer_id == "t-r1"
+    assert last.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (3, 2, 5)
+
+
+async def test_text_prompt_is_tokenized_with_the_models_tokenizer(mesh):
+    address, prefill, _ = mesh
+    await generate(address, make_request("Hello world", max_tokens=1))
+    assert list(prefill.requests[0].prompt_token_ids) == [0, 42, 884, 593]  # <s> He llo ' world'
+
+
+@pytest.mark.parametrize("request_kwargs, code, message", [
+    ({"prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+    ({"prompt": []}, grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+    ({"prompt": "hi", "max_tokens": 0}, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0, got 0"),
+    ({"prompt": "hi", "max_tokens": -3}, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0, got -3"),
+    ({"prompt": [5] * 128}, grpc.StatusCode.INVALID_ARGUMENT, "prompt has 128 tokens; the model's context is 128"),
+    ({"prompt": [5] * 100, "max_tokens": 29}, grpc.StatusCode.INVALID_ARGUMENT, "exceeds the model's context"),
+    ({"prompt": [5, 4096]}, grpc.StatusCode.INVALID_ARGUMENT, r"token ids \[4096\] outside the vocabulary"),
+    ({"prompt": "hi", "temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0"),
+])
+async def test_bad_requests_get_invalid_argument_and_reach_no_worker(mesh, request_kwargs, code, message):
+    address, prefill, decode = mesh
+    kwargs = {"max_tokens": 4, **request_kwargs}
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await generate(address, make_request(kwargs.pop("prompt"), **kwargs))
+    assert info.value.code() == code
+    assert re.search(message, info.value.details())
+    assert prefill.requests == [] and decode.requests == []
+
+
+async def test_unknown_model_is_not_found(mesh):
+    address, _, _ = mesh
+    request = make_request("hi", max_tokens=1)
+    request.model = "gpt-5"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await generate(address, request)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == "model 'gpt-5' is not served here; available: ['tiny-llama']"
+
+
+async def test_mismatched_worker_layouts_fail_precondition(tiny_llama_dir):
+    other = common_pb2.CompatInfo()
+    other.CopyFrom(COMPAT)
+    other.block_size = 64
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, decode_compat=other)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await generate(address, make_request("hi", max_tokens=1))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "block_size: local=32 peer=64" in info.value.details()
+        assert prefill.requests == []
+    finally:
+        await gateway.stop(0)
+        await prefill.server.stop(0)
+        await decode.server.stop(0)
+
+
+async def test_unreachable_workers_are_unavailable(tiny_llama_dir):
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=["127.0.0.1:1"], decode_workers=["127.0.0.1:1"],
+                                      tokenizer=str(tiny_llama_dir)))
+    address = await gateway.start()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await generate(address, make_request("hi", max_tokens=1))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "no reachable prefill worker" in info.value.details()
+    finally:
+        await gateway.stop(0)
+
+
+async def test_list_models(mesh):
+    address, _, _ = mesh
+    from pdmesh.v1 import generate_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        response = await generate_pb2_grpc.GenerationStub(channel).ListModels(generate_pb2.ListModelsRequest())
+    assert [(m.id, m.max_model_len) for m in response.models] == [("tiny-llama", 128)]
+
+
+def test_gateway_imports_neither_torch_nor_vllm():
+    code = ("import sys, gateway.server, gateway.__main__, pdmesh.client, pdmesh.cluster;"
+            "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from pdmesh.connector.paged_kv import PagedKVCache
+from pdmesh.errors import InvalidRequest
+
+NUM_BLOCKS = 6
+
+
+def _caches(split_kv: bool) -> dict[str, torch.Tensor]:
+    shape = (2, NUM_BLOCKS, 2, 32, 64) if split_kv else (NUM_BLOCKS, 2, 32, 128)
+    return {f"layer.{i}": torch.randn(shape) for i in range(3)}
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_block_bytes_move_between_caches_exactly(split_kv):
+    src, dst = _caches(split_kv), {k: torch.zeros_like(v) for k, v in _caches(split_kv).items()}
+    src_cache, dst_cache = PagedKVCache(src, NUM_BLOCKS), PagedKVCache(dst, NUM_BLOCKS)
+    assert src_cache.block_nbytes == 3 * 2 * 32 * 128 * 4
+    dst_cache.write_block(4, src_cache.read_block(1))
+    block_dim = 1 if split_kv else 0
+    for name in src:
+        assert torch.equal(dst[name].select(block_dim, 4), src[name].select(block_dim, 1))
+        untouched = [b for b in range(NUM_BLOCKS) if b != 4]
+        assert torch.count_nonzero(dst[name].index_select(block_dim, torch.tensor(untouched))) == 0
+
+
+def test_layout_names_dtype_block_dim_and_shape():
+    cache = PagedKVCache(_caches(False), NUM_BLOCKS)
+    assert (cache.dtype, cache.num_layers) == ("float32", 3)
+    assert cache.layout == "block_dim=0;shape=(6, 2, 32, 128);device=cpu"
+
+
+def test_bad_block_id_and_bad_payload_size_are_rejected():
+    cache = PagedKVCache(_caches(False), NUM_BLOCKS)
+    with pytest.raises(InvalidRequest, match=r"block id 6 outside \[0, 6\)"):
+        cache.read_block(6)
+    with pytest.raises(InvalidRequest, match="block payload 10 bytes"):
+        cache.write_block(0, b"x" * 10)
+
+
+def test_tensor_without_a_num_blocks_dimension_is_refused():
+    with pytest.raises(ValueError, match="no dimension"):
+        PagedKVCache({"l": torch.zeros(3, 4, 5)}, NUM_BLOCKS)

@@ -1,0 +1,78 @@
+import pytest
+
+from pdmesh.errors import ChecksumMismatch, InvalidRequest
+from pdmesh.transport.checksum import block_checksum
+from pdmesh.transport.chunking import BlockAssembler, iter_block_chunks
+
+
+def _payload(nbytes: int) -> bytes:
+    return bytes((i * 31 + 7) % 251 for i in range(nbytes))
+
+
+def test_block_splits_into_chunks_of_at_most_chunk_size_and_reassembles():
+    payload = _payload(10_000)
+    chunks = list(iter_block_chunks(3, payload, b"h" * 16, chunk_nbytes=4096))
+    assert [len(c.data) for c in chunks] == [4096, 4096, 1808]
+    assert [c.offset for c in chunks] == [0, 4096, 8192]
+    assert [c.last for c in chunks] == [False, False, True]
+    assert chunks[-1].checksum == block_checksum(payload) and chunks[0].checksum == 0
+    assembler = BlockAssembler(max_block_nbytes=10_000)
+    results = [assembler.add(c) for c in chunks]
+    assert results[:2] == [None, None]
+    assert results[2].block_index == 3
+    assert bytes(results[2].payload) == payload
+    assert results[2].block_hash == b"h" * 16
+    assert not assembler.in_progress
+
+
+def test_block_smaller_than_a_chunk_is_one_chunk():
+    chunks = list(iter_block_chunks(0, _payload(100), b"", chunk_nbytes=4096))
+    assert len(chunks) == 1 and chunks[0].last and chunks[0].block_nbytes == 100
+
+
+def test_consecutive_blocks_reassemble_independently():
+    assembler = BlockAssembler(max_block_nbytes=5000)
+    blocks = []
+    for index, size in [(0, 5000), (1, 1234)]:
+        for chunk in iter_block_chunks(index, _payload(size), b"", chunk_nbytes=2000):
+            block = assembler.add(chunk)
+            if block:
+                blocks.append(block)
+    assert [(b.block_index, len(b.payload)) for b in blocks] == [(0, 5000), (1, 1234)]
+
+
+@pytest.mark.parametrize("bit", [0, 7, 8 * 4095, 8 * 9999 + 3])
+def test_a_flipped_bit_is_rejected(bit):
+    chunks = list(iter_block_chunks(0, _payload(10_000), b"", chunk_nbytes=4096))
+    byte, within = divmod(bit, 8)
+    chunk = chunks[byte // 4096]
+    data = bytearray(chunk.data)
+    data[byte % 4096] ^= 1 << within
+    chunk.data = bytes(data)
+    assembler = BlockAssembler(max_block_nbytes=10_000)
+    with pytest.raises(ChecksumMismatch, match="block 0: checksum"):
+        for c in chunks:
+            assembler.add(c)
+
+
+def test_out_of_order_chunk_is_rejected():
+    chunks = list(iter_block_chunks(0, _payload(10_000), b"", chunk_nbytes=4096))
+    assembler = BlockAssembler(max_block_nbytes=10_000)
+    assembler.add(chunks[0])
+    with pytest.raises(InvalidRequest, match="out of order"):
+        assembler.add(chunks[2])
+
+
+def test_block_larger_than_the_layout_allows_is_rejected():
+    chunk = next(iter_block_chunks(0, _payload(2048), b"", chunk_nbytes=4096))
+    with pytest.raises(InvalidRequest, match=r"size 2048 outside \(0, 1024\]"):
+        BlockAssembler(max_block_nbytes=1024).add(chunk)
+
+
+def test_new_block_before_last_chunk_of_previous_is_rejected():
+    first = list(iter_block_chunks(0, _payload(5000), b"", chunk_nbytes=4096))
+    second = next(iter_block_chunks(1, _payload(10), b""))
+    assembler = BlockAssembler(max_block_nbytes=5000)
+    assembler.add(first[0])
+    with pytest.raises(InvalidRequest, match="block 0 ended without its last chunk"):
+        assembler.add(second)

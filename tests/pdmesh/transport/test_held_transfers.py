@@ -1,0 +1,45 @@
+import threading
+
+import pytest
+
+from pdmesh.errors import TransferNotFound
+from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+
+
+def _held(transfer_id: str, deadline: float = 1e18) -> HeldTransfer:
+    return HeldTransfer(transfer_id, (4, 5), (b"a", b"b"), deadline)
+
+
+def test_release_finishes_a_transfer_once():
+    held = HeldTransfers()
+    held.hold(_held("t1"))
+    assert held.num_held == 1
+    assert held.release("t1") is True
+    assert held.release("t1") is False
+    assert held.take_finished() == {"t1"}
+    assert held.take_finished() == set()
+    assert held.num_held == 0
+
+
+def test_transfers_past_their_deadline_are_freed_and_counted():
+    held = HeldTransfers()
+    held.hold(_held("old", deadline=10.0))
+    held.hold(_held("new", deadline=20.0))
+    assert held.take_finished(now=15.0) == {"old"}
+    assert held.num_expired == 1
+    assert held.num_held == 1
+    with pytest.raises(TransferNotFound):
+        held.wait_for("old", timeout_s=0.01)
+
+
+def test_wait_for_sees_a_transfer_registered_later():
+    held = HeldTransfers()
+    timer = threading.Timer(0.05, held.hold, args=(_held("late"),))
+    timer.start()
+    assert held.wait_for("late", timeout_s=5).block_ids == (4, 5)
+    timer.join()
+
+
+def test_wait_for_unknown_transfer_times_out_with_not_found():
+    with pytest.raises(TransferNotFound, match="no KV held for transfer 'nope'"):
+        HeldTransfers().wait_for("nope", timeout_s=0.01)
