@@ -24,8 +24,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             completion = output.outputs[0]
             chunk = worker_pb2.DecodeResponse(token_ids=completion.token_ids, text=completion.text)
             if output.finished:
-                await self._fill_final(chunk, request.request_id, completion.finish_reason,
-                                       output.num_cached_tokens or 0)
+                await self._fill_final(chunk, request.request_id, completion.finish_reason)
             yield chunk
 
     def _check(self, request: worker_pb2.DecodeRequest) -> None:
@@ -37,12 +36,11 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if request.kv.num_tokens > len(request.prompt_token_ids):
             raise InvalidRequest("KV handle covers more tokens than the prompt has")
 
-    async def _fill_final(self, chunk: worker_pb2.DecodeResponse, request_id: str, finish_reason: str | None,
-                          num_cached_tokens: int) -> None:
+    async def _fill_final(self, chunk: worker_pb2.DecodeResponse, request_id: str, finish_reason: str | None) -> None:
         chunk.finish_reason = FINISH_REASONS.get(finish_reason or "", common_pb2.FINISH_REASON_UNSPECIFIED)
-        chunk.num_cached_tokens = num_cached_tokens
         stats = (await self._engine.collective_rpc("pdmesh_transfer_stats", args=(request_id,)))[0]
         if stats:
             chunk.kv_blocks_received = stats["num_blocks"]
             chunk.kv_bytes_received = stats["num_bytes"]
             chunk.kv_seconds = stats["seconds"]
+            chunk.num_cached_tokens = stats["num_reused_tokens"]

@@ -1,9 +1,9 @@
 """Monolithic vLLM baseline: one engine runs prompts end to end. The yardstick for the mesh's
 correctness tests (token-for-token) and benchmarks (throughput ratio).
 
-python -m pdmesh.baseline IN.json OUT.json, IN = {"model": DIR, "prompts": [[ids...] | "text", ...],
-"sampling": {"max_tokens": N, ...}, "omp_threads_bind": "0-1"}; OUT = {"token_ids": [[...]...],
-"prompt_token_ids": [[...]...], "seconds": wall time of generate()}.
+python -m pdmesh.baseline IN.json OUT.json, IN = {"model": DIR, "omp_threads_bind": "0-1", "runs":
+[{"prompts": [[ids...] | "text", ...], "sampling": {"max_tokens": N, ...}}, ...]}; OUT = {"runs":
+[{"token_ids": [[...]...], "prompt_token_ids": [[...]...], "seconds": wall time of generate()}, ...]}.
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ def run_baseline(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(**engine_kwargs(engine))
-    sampling = SamplingParams(**spec["sampling"])
-    prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in spec["prompts"]]
-    llm.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    llm.generate([{"prompt_token_ids": [0, 5, 6]}], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    return {"runs": [_run(llm, SamplingParams, run) for run in spec["runs"]]}
+
+
+def _run(llm, sampling_cls, run: dict) -> dict:
+    prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in run["prompts"]]
     started = time.perf_counter()
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    outputs = llm.generate(prompts, sampling_cls(**run["sampling"]), use_tqdm=False)
     seconds = time.perf_counter() - started
     return {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],

@@ -33,6 +33,7 @@ class LocalCluster:
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
     decode_addresses: list[str] = field(default_factory=list)
+    prefill_addresses_kv: list[str] = field(default_factory=list)   # their KV-transfer servers
     gateway_address: str = ""
 
     def start(self) -> "LocalCluster":
@@ -43,6 +44,7 @@ class LocalCluster:
             ready = [self._wait_ready(p) for p in workers]
             self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
             self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]
+            self.prefill_addresses_kv = [r["kv_address"] for r in ready if r["role"] == "prefill"]
             self.gateway_address = self._wait_ready(self._spawn_gateway())["address"]
         except BaseException:
             self.stop()

@@ -26,7 +26,8 @@ class RecvTask:
     kv_address: str
     block_indexes: list[int]     # positions in the producer's block list
     local_block_ids: list[int]   # where each of them goes, aligned with block_indexes
-    token_ids: list[int]         # the tokens the pulled blocks must hold
+    token_ids: list[int]         # the prompt tokens the remote KV covers (pulled blocks must hold them)
+    num_local_tokens: int = 0    # prompt tokens already in the local prefix cache
     report_done: bool = True     # False: release-only (nothing is waiting on it)
 
 

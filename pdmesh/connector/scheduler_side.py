@@ -64,6 +64,7 @@ class ConnectorScheduler:
             block_indexes=block_indexes,
             local_block_ids=[local_block_ids[i] for i in block_indexes],
             token_ids=list(request.prompt_token_ids[:num_remote_tokens]),
+            num_local_tokens=num_local_tokens,
         ))
 
     # ---- producer ----

@@ -13,6 +13,7 @@ class TransferStats:
     num_bytes: int = 0
     seconds: float = 0.0
     num_failed_blocks: int = 0
+    num_reused_tokens: int = 0   # prompt tokens decode did not compute: local prefix hit + pulled
 
 
 class TransferLedger:
@@ -34,6 +35,7 @@ class TransferLedger:
             self._total.num_bytes += stats.num_bytes
             self._total.seconds += stats.seconds
             self._total.num_failed_blocks += stats.num_failed_blocks
+            self._total.num_reused_tokens += stats.num_reused_tokens
 
     def for_request(self, request_id: str) -> dict | None:
         with self._lock:

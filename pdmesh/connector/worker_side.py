@@ -116,6 +116,7 @@ class ConnectorWorker:
             self._release(task)
         stats.seconds = time.perf_counter() - started
         stats.num_failed_blocks = len(task.block_indexes) - stats.num_blocks
+        stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
         self.ledger.record(task.pdmesh_request_id, stats)
         with self._lock:
             self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])

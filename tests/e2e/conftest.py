@@ -1,0 +1,64 @@
+"""A real local cluster (gateway + prefill + decode processes running vLLM) and the monolithic
+vLLM reference outputs for the same prompts, computed before the cluster starts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from pdmesh.cluster import LocalCluster
+from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+
+pytestmark = pytest.mark.vllm
+
+BLOCK_SIZE = 32
+MAX_TOKENS = 24
+# 1 token, around one block, many blocks with and without a remainder.
+PROMPT_LENGTHS = [1, 2, 17, 31, 32, 33, 63, 64, 65, 100, 128, 129, 250, 500, 777, 1000, 1500]
+TEXT_PROMPTS = ["Hello world, the kalo mine is ready.", "A", "Quexst tamira lodebe is the fa of hello.",
+                " leading space and trailing space "]
+SEEDED = {"max_tokens": 16, "temperature": 0.8, "top_p": 0.9, "seed": 1234}
+LOST_KV_PROMPT = [0] + [(i * 37 + 11) % 1000 + 3 for i in range(99)]
+
+
+def token_prompts() -> list[list[int]]:
+    rng = random.Random(2026)
+    return [[0] + [rng.randrange(3, 1024) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_llama_dir, tmp_path_factory) -> dict:
+    """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
+    [3] greedy on LOST_KV_PROMPT."""
+    work = tmp_path_factory.mktemp("reference")
+    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+    spec = {"model": str(tiny_llama_dir), "omp_threads_bind": "0-1", "runs": [
+        {"prompts": token_prompts(), "sampling": greedy},
+        {"prompts": TEXT_PROMPTS, "sampling": greedy},
+        {"prompts": token_prompts()[:4], "sampling": SEEDED},
+        {"prompts": [LOST_KV_PROMPT], "sampling": greedy},
+    ]}
+    (work / "in.json").write_text(json.dumps(spec))
+    result = subprocess.run([sys.executable, "-m", "pdmesh.baseline", str(work / "in.json"), str(work / "out.json")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads((work / "out.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def cluster(tiny_llama_dir, reference, tmp_path_factory):
+    with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+        stats = asyncio.run(worker_stats(running.prefill_addresses[0]))
+        assert stats.num_held_transfers == 0, "prefill still pins KV after every decode released it"
+
+
+async def worker_stats(address: str) -> worker_pb2.WorkerStats:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest())
