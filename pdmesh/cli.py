@@ -15,9 +15,11 @@ DEMO_PROMPT = "Hello world, the kalo mine is ready."
 
 
 def _build_models(args: argparse.Namespace) -> int:
-    from pdmesh.models.tiny import build_llama
+    from pdmesh.models.tiny import build_deepseek_v2, build_llama
 
-    print(f"tiny Llama written to {build_llama(Path(args.out))}")
+    out = Path(args.out)
+    print(f"tiny Llama written to {build_llama(out / 'tiny-llama')}")
+    print(f"tiny DeepSeek-V2 (MoE + MLA) written to {build_deepseek_v2(out / 'tiny-deepseek-v2')}")
     return 0
 
 
@@ -71,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build-models", help="write the tiny random-weight models and tokenizer")
-    build.add_argument("--out", default=str(DEFAULT_MODEL_DIR))
+    build.add_argument("--out", default=str(DEFAULT_MODEL_DIR.parent), help="folder for the model folders")
     build.set_defaults(func=_build_models)
 
     up = sub.add_parser("up", help="start gateway + prefill + decode locally and run a demo prompt")

@@ -84,6 +84,7 @@ class WorkerSettings(_LayeredSettings):
     host: str = "127.0.0.1"
     port: int = 0                      # 0: pick a free port and report it
     kv_host: str = "127.0.0.1"         # prefill: where its KV-transfer server listens
+    kv_advertise_host: str | None = None  # how decode reaches it (a container's service name); default kv_host
     kv_port: int = 0                   # 0: pick a free port before the engine starts
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0

@@ -42,7 +42,8 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     kv_port = settings.kv_port or free_port(settings.kv_host)
     engine = build_worker_engine(settings, kv_port)
     try:
-        info = await describe_worker(settings, engine, f"{settings.kv_host}:{kv_port}")
+        advertise_host = settings.kv_advertise_host or settings.kv_host
+        info = await describe_worker(settings, engine, f"{advertise_host}:{kv_port}")
         server = AioServer([service_name, "pdmesh.v1.WorkerInfo"])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
         add_servicer(server, engine, info)

@@ -8,15 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from pdmesh.models.tiny import ensure_llama
+from pdmesh.models.tiny import ensure_deepseek_v2, ensure_llama
 
-TEST_MODEL_DIR = Path(os.environ.get("PDMESH_TEST_MODEL_DIR",
-                                     Path.home() / ".cache" / "pdmesh" / "test-models" / "tiny-llama"))
+TEST_MODELS_DIR = Path(os.environ.get("PDMESH_TEST_MODELS_DIR", Path.home() / ".cache" / "pdmesh" / "test-models"))
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir() -> Path:
-    return ensure_llama(TEST_MODEL_DIR)
+    return ensure_llama(TEST_MODELS_DIR / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_dir() -> Path:
+    return ensure_deepseek_v2(TEST_MODELS_DIR / "tiny-deepseek-v2")
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 Loaded by vLLM through kv_transfer_config:
   {"kv_connector": "PDMeshConnector", "kv_connector_module_path": "pdmesh.connector.connector",
    "kv_role": "kv_producer" | "kv_consumer",
-   "kv_connector_extra_config": {"kv_host": ..., "kv_port": ..., "hold_timeout_s": ..., "pull_timeout_s": ...}}
+   "kv_connector_extra_config": {"kv_host": ..., "kv_port": ..., "kv_advertise_host": ...,
+                                 "hold_timeout_s": ..., "pull_timeout_s": ...}}
 Each role's logic lives in its own class; this class only routes vLLM's calls to them.
 """
 
@@ -38,7 +39,8 @@ class PDMeshConnector(KVConnectorBase_V1):
         self._scheduler: ConnectorScheduler | None = None
         self._worker: ConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = ConnectorScheduler(block_size, f"{kv_host}:{kv_port}")
+            advertise_host = str(extra.get("kv_advertise_host", kv_host))
+            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}")
         else:
             self._worker = ConnectorWorker(
                 model=vllm_config.model_config.model, block_size=block_size,

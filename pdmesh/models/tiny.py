@@ -10,6 +10,9 @@ import json
 import random
 from pathlib import Path
 
+# Bump when anything below changes what gets written: cached folders are rebuilt.
+BUILD_VERSION = 1
+BUILD_STAMP = "pdmesh_build.json"
 TOKENIZER_VOCAB_SIZE = 1024
 MODEL_VOCAB_SIZE = 1024
 CORPUS_SEED = 1234
@@ -92,24 +95,88 @@ def llama_config() -> dict:
     }
 
 
-def build_llama(out_dir: Path) -> Path:
+def deepseek_v2_config() -> dict:
+    """DeepSeek-V2-Lite-shaped: MLA (kv_lora_rank 512 + rope 64 = 576 cached values per token and
+    layer), one dense layer then MoE layers with shared + routed experts."""
+    return {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "first_k_dense_replace": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_layer_freq": 1,
+        "routed_scaling_factor": 1.0,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": False,
+        "scoring_func": "softmax",
+        "q_lora_rank": None,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "vocab_size": MODEL_VOCAB_SIZE,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "initializer_range": 0.1,
+    }
+
+
+def _build(out_dir: Path, kind: str) -> Path:
     """Writes config.json, model.safetensors and tokenizer files; returns out_dir."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(WEIGHT_SEED)
-    config = LlamaConfig(**llama_config())
-    model = LlamaForCausalLM(config).to(torch.float32)
+    config_cls, model_cls, config = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", llama_config()),
+        "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", deepseek_v2_config()),
+    }[kind]
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**config)).to(torch.float32)
     model.save_pretrained(out_dir, safe_serialization=True)
     (out_dir / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=2))
     build_tokenizer(out_dir)
+    (out_dir / BUILD_STAMP).write_text(json.dumps({"build_version": BUILD_VERSION, "kind": kind}))
     return out_dir
+
+
+def build_llama(out_dir: Path) -> Path:
+    return _build(out_dir, "llama")
+
+
+def build_deepseek_v2(out_dir: Path) -> Path:
+    return _build(out_dir, "deepseek_v2")
+
+
+def _ensure(out_dir: Path, kind: str) -> Path:
+    """Builds once; later calls reuse the folder unless the builder changed."""
+    stamp = out_dir / BUILD_STAMP
+    current = stamp.exists() and json.loads(stamp.read_text()) == {"build_version": BUILD_VERSION, "kind": kind}
+    return out_dir if current else _build(out_dir, kind)
 
 
 def ensure_llama(out_dir: Path) -> Path:
-    """Builds the tiny Llama once; later calls reuse the folder."""
-    if not (out_dir / "model.safetensors").exists() or not (out_dir / "tokenizer.json").exists():
-        build_llama(out_dir)
-    return out_dir
+    return _ensure(out_dir, "llama")
+
+
+def ensure_deepseek_v2(out_dir: Path) -> Path:
+    return _ensure(out_dir, "deepseek_v2")

@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -32,18 +33,12 @@ def token_prompts() -> list[list[int]]:
     return [[0] + [rng.randrange(3, 1024) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
 
 
-@pytest.fixture(scope="session")
-def reference(tiny_llama_dir, tmp_path_factory) -> dict:
-    """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
-    [3] greedy on LOST_KV_PROMPT."""
-    work = tmp_path_factory.mktemp("reference")
-    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
-    spec = {"model": str(tiny_llama_dir), "omp_threads_bind": "0-1", "runs": [
-        {"prompts": token_prompts(), "sampling": greedy},
-        {"prompts": TEXT_PROMPTS, "sampling": greedy},
-        {"prompts": token_prompts()[:4], "sampling": SEEDED},
-        {"prompts": [LOST_KV_PROMPT], "sampling": greedy},
-    ]}
+GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+
+
+def run_reference(model_dir: Path, runs: list[dict], work: Path) -> dict:
+    """Runs pdmesh.baseline (one monolithic vLLM engine on both cores) in a subprocess."""
+    spec = {"model": str(model_dir), "omp_threads_bind": "0-1", "runs": runs}
     (work / "in.json").write_text(json.dumps(spec))
     result = subprocess.run([sys.executable, "-m", "pdmesh.baseline", str(work / "in.json"), str(work / "out.json")],
                             capture_output=True, text=True, timeout=600)
@@ -52,11 +47,29 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
+def reference(tiny_llama_dir, tmp_path_factory) -> dict:
+    """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
+    [3] greedy on LOST_KV_PROMPT."""
+    return run_reference(tiny_llama_dir, [
+        {"prompts": token_prompts(), "sampling": GREEDY},
+        {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
+        {"prompts": token_prompts()[:4], "sampling": SEEDED},
+        {"prompts": [LOST_KV_PROMPT], "sampling": GREEDY},
+    ], tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="session")
 def cluster(tiny_llama_dir, reference, tmp_path_factory):
     with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp("cluster")) as running:
         yield running
-        stats = asyncio.run(worker_stats(running.prefill_addresses[0]))
-        assert stats.num_held_transfers == 0, "prefill still pins KV after every decode released it"
+        assert_nothing_pinned(running)
+
+
+def assert_nothing_pinned(cluster: LocalCluster) -> None:
+    """Leak check: every transfer the prefill workers pinned was released."""
+    for address in cluster.prefill_addresses:
+        stats = asyncio.run(worker_stats(address))
+        assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, 0), address
 
 
 async def worker_stats(address: str) -> worker_pb2.WorkerStats:
