@@ -54,8 +54,10 @@ async def run_mesh_round(address: str, prompts: list[list[int]], output_len: int
     }
 
 
-def run_mesh(model_dir: Path, rounds: list[list[list[int]]], output_len: int) -> list[dict]:
-    with tempfile.TemporaryDirectory() as run_dir, LocalCluster(model_dir, Path(run_dir)) as cluster:
+def run_mesh(model_dir: Path, rounds: list[list[list[int]]], output_len: int, worker_bind: str | None) -> list[dict]:
+    worker_args = ["--engine.omp_threads_bind", worker_bind] if worker_bind else []
+    with tempfile.TemporaryDirectory() as run_dir, \
+            LocalCluster(model_dir, Path(run_dir), worker_args=worker_args) as cluster:
         asyncio.run(run_mesh_round(cluster.gateway_address, random_prompts(2, 16, seed=-1), 2))  # warm-up
         return [asyncio.run(run_mesh_round(cluster.gateway_address, prompts, output_len)) for prompts in rounds]
 
@@ -67,13 +69,15 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker-bind", default=None,
+                        help="OMP cores for every worker (e.g. 0-1); default: prefill core 0, decode core 1")
     args = parser.parse_args()
     model_dir = ensure_llama(Path(args.model))
     rounds = [random_prompts(args.prompts, args.prompt_len, seed=r) for r in range(args.rounds)]
     num_output_tokens = args.prompts * args.output_len
 
     mono_seconds = run_monolithic(model_dir, rounds, args.output_len)
-    mesh_rounds = run_mesh(model_dir, rounds, args.output_len)
+    mesh_rounds = run_mesh(model_dir, rounds, args.output_len, args.worker_bind)
     memcpy = memcpy_gbps()
 
     mono_tps = statistics.median(num_output_tokens / s for s in mono_seconds)
@@ -93,8 +97,9 @@ def main() -> None:
         "kv_over_memcpy": kv_gbps / memcpy,
         "raw": {"monolithic_seconds": mono_seconds, "mesh_rounds": mesh_rounds},
     }
-    json_path = write_results("mesh_vs_monolithic", results)
-    png_path = plot_bars("mesh_vs_monolithic", [
+    name = "mesh_vs_monolithic" + (f"_bind{args.worker_bind}" if args.worker_bind else "")
+    json_path = write_results(name, results)
+    png_path = plot_bars(name, [
         ("output tok/s (median)", {"monolithic": mono_tps, "mesh": mesh_tps}),
         ("GB/s (median)", {"KV over gRPC": kv_gbps, "memcpy": memcpy}),
     ])

@@ -1,0 +1,60 @@
+"""The README's user flow: `pdmesh up` starts the cluster and answers, `pdmesh generate` talks
+to it, Ctrl-C stops every process it started."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+PDMESH = [sys.executable, "-m", "pdmesh.cli"]
+
+
+def _read_until(process: subprocess.Popen, pattern: str, timeout_s: float) -> tuple[list[str], re.Match]:
+    lines, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return lines, match
+    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(lines)}")
+
+
+def _processes_of(run_dir: Path, but: int) -> list[str]:
+    """Pids whose command line names run_dir (the cluster's processes), except `but`."""
+    out = subprocess.run(["pgrep", "-f", "--", f"--ready_file {run_dir}"], capture_output=True, text=True)
+    return [pid for pid in out.stdout.split() if pid != str(but)]
+
+
+def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    up = subprocess.Popen([*PDMESH, "up", "--model", str(tiny_llama_dir), "--port", "0", "--max-tokens", "8",
+                           "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines, serving = _read_until(up, r"--gateway (127\.0\.0\.1:\d+)", timeout_s=300)
+        demo = "".join(lines)
+        assert "> Hello world, the kalo mine is ready." in demo
+        assert "[8 tokens in" in demo
+        assert "KV moved: 1 blocks, 131072 bytes; decode reused 18 of 18 prompt tokens]" in demo
+        generated = subprocess.run([*PDMESH, "generate", "Hello world", "--gateway", serving.group(1),
+                                    "--max-tokens", "5"], capture_output=True, text=True, timeout=60)
+        assert generated.returncode == 0, generated.stderr
+        assert "[5 tokens in" in generated.stdout
+        assert "decode reused 4 of 4 prompt tokens]" in generated.stdout
+        assert len(_processes_of(run_dir, but=up.pid)) == 3  # gateway, prefill, decode
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=90) == 0
+        assert _processes_of(run_dir, but=up.pid) == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
