@@ -11,7 +11,7 @@ import grpc
 from pdmesh.compat import check_compatible
 from pdmesh.errors import Incompatible, NoWorkerAvailable
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
-from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
 @dataclass
@@ -38,6 +38,16 @@ class WorkerPool:
         except Incompatible as exc:
             raise Incompatible(f"prefill {prefill.address} and decode {decode.address}: {exc}") from exc
         return prefill, decode
+
+    async def release_kv(self, handle: common_pb2.KVHandle) -> bool:
+        """Best effort: frees a prefill's pinned blocks when decode never took them."""
+        async with grpc.aio.insecure_channel(handle.kv_address, options=GRPC_OPTIONS) as channel:
+            try:
+                response = await kv_transfer_pb2_grpc.KVTransferStub(channel).Release(
+                    kv_transfer_pb2.ReleaseRequest(transfer_id=handle.transfer_id), timeout=self._info_timeout_s)
+            except grpc.aio.AioRpcError:
+                return False
+        return response.released
 
     async def any_info(self) -> worker_pb2.WorkerInfoResponse:
         return (await self._next_reachable(self._decode, self._decode_turn, "decode")).info

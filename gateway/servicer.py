@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import grpc
+
 from gateway.pool import Worker, WorkerPool
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.errors import InvalidRequest, ModelNotFound
@@ -29,10 +31,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         decode_request = worker_pb2.DecodeRequest(
             request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=request.sampling, kv=prefilled.kv)
         num_completion_tokens = 0
-        async for chunk in worker_pb2_grpc.DecodeStub(decode.channel).Decode(
-                decode_request, timeout=self._request_timeout_s):
-            num_completion_tokens += len(chunk.token_ids)
-            yield self._response(request_id, chunk, prefill, decode, len(prompt_token_ids), num_completion_tokens)
+        try:
+            async for chunk in worker_pb2_grpc.DecodeStub(decode.channel).Decode(
+                    decode_request, timeout=self._request_timeout_s):
+                num_completion_tokens += len(chunk.token_ids)
+                yield self._response(request_id, chunk, prefill, decode, len(prompt_token_ids),
+                                     num_completion_tokens)
+        except grpc.aio.AioRpcError:
+            await self._pool.release_kv(prefilled.kv)  # decode may never have pulled; don't pin till timeout
+            raise
 
     @maps_domain_errors
     async def ListModels(self, request, context):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -54,3 +55,10 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
         await server.stop()
     finally:
         engine.shutdown()
+
+
+def worker_main(role: str, service_name: str, add_servicer: AddServicer, argv: list[str] | None = None) -> None:
+    """Entry point of `python -m prefill` / `python -m decode`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = WorkerSettings.from_cli(argv, role=role)
+    asyncio.run(run_worker(settings, service_name, add_servicer))

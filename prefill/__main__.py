@@ -1,25 +1,13 @@
 """python -m prefill [--port N --engine.model DIR ...]: a prefill worker process."""
 
-import asyncio
-import logging
-
-from pdmesh.config import WorkerSettings
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from pdmesh.worker_runtime import run_worker
+from pdmesh.worker_runtime import worker_main
 from prefill.servicer import PrefillServicer
 
-SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
 
-
-def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = WorkerSettings.from_cli(argv, role="prefill")
-
-    def add_servicer(server, engine, info):
-        worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(engine, info), server.server)
-
-    asyncio.run(run_worker(settings, SERVICE_NAME, add_servicer))
+def add_servicer(server, engine, info) -> None:
+    worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(engine, info), server.server)
 
 
 if __name__ == "__main__":
-    main()
+    worker_main("prefill", worker_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name, add_servicer)

@@ -25,7 +25,11 @@ def tiny_deepseek_dir() -> Path:
 
 @pytest.fixture
 def no_thread_leak():
+    """Fails a test that leaves a non-daemon thread running (given 2 s to finish its shutdown)."""
     before = {t.ident for t in threading.enumerate()}
     yield
-    leaked = [t for t in threading.enumerate() if t.ident not in before and t.is_alive() and not t.daemon]
-    assert not leaked, f"threads left running: {[t.name for t in leaked]}"
+    new = [t for t in threading.enumerate() if t.ident not in before and not t.daemon]
+    for thread in new:
+        thread.join(timeout=2.0)
+    leaked = [t.name for t in new if t.is_alive()]
+    assert not leaked, f"threads left running: {leaked}"

@@ -71,27 +71,33 @@ def build_tokenizer(out_dir: Path) -> None:
         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2))
 
 
+# Shared by both tiny architectures.
+_COMMON_CONFIG = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "vocab_size": MODEL_VOCAB_SIZE,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    # Wider than the HF default (0.02) so greedy argmax gaps stay far above fp32 noise.
+    "initializer_range": 0.1,
+}
+
+
 def llama_config() -> dict:
     return {
+        **_COMMON_CONFIG,
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": 256,
-        "intermediate_size": 512,
         "num_hidden_layers": 4,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 64,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "vocab_size": MODEL_VOCAB_SIZE,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        # Wider than the HF default (0.02) so greedy argmax gaps stay far above fp32 noise.
-        "initializer_range": 0.1,
     }
 
 
@@ -99,10 +105,9 @@ def deepseek_v2_config() -> dict:
     """DeepSeek-V2-Lite-shaped: MLA (kv_lora_rank 512 + rope 64 = 576 cached values per token and
     layer), one dense layer then MoE layers with shared + routed experts."""
     return {
+        **_COMMON_CONFIG,
         "architectures": ["DeepseekV2ForCausalLM"],
         "model_type": "deepseek_v2",
-        "hidden_size": 256,
-        "intermediate_size": 512,
         "moe_intermediate_size": 128,
         "num_hidden_layers": 3,
         "first_k_dense_replace": 1,
@@ -124,18 +129,9 @@ def deepseek_v2_config() -> dict:
         "qk_rope_head_dim": 64,
         "v_head_dim": 64,
         "head_dim": 64,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
         "rope_scaling": None,
         "attention_bias": False,
-        "vocab_size": MODEL_VOCAB_SIZE,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "initializer_range": 0.1,
     }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import grpc
+
 from pdmesh.grpc_server import AioServer
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -18,8 +20,11 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
                  worker_pb2_grpc.DecodeServicer):
     """Prefill answers a handle; decode echoes prompt ids back as 'generated' tokens."""
 
-    def __init__(self, role: str, compat: common_pb2.CompatInfo = COMPAT) -> None:
+    def __init__(self, role: str, compat: common_pb2.CompatInfo = COMPAT, kv_address: str = "127.0.0.1:1",
+                 fail_decode: bool = False) -> None:
         self.info = info(role, compat)
+        self.kv_address = kv_address
+        self.fail_decode = fail_decode
         self.requests: list = []
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
@@ -33,11 +38,13 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
     async def Prefill(self, request, context):
         self.requests.append(request)
         return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
-            transfer_id="t-" + request.request_id, kv_address="127.0.0.1:1", block_ids=[0],
+            transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
             num_tokens=len(request.prompt_token_ids), compat=self.info.compat))
 
     async def Decode(self, request, context):
         self.requests.append(request)
+        if self.fail_decode:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died")
         for token_id in request.prompt_token_ids[:request.sampling.max_tokens]:
             yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
         yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,

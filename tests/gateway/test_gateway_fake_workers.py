@@ -11,11 +11,14 @@ from gateway.server import Gateway
 from pdmesh.client import generate, make_request
 from pdmesh.config import GatewaySettings
 from pdmesh.v1 import common_pb2, generate_pb2
+from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
+from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from tests.gateway.fake_workers import COMPAT, FakeWorker
 
 
-async def _start(tiny_llama_dir, decode_compat=COMPAT):
-    prefill, decode = FakeWorker("prefill"), FakeWorker("decode", decode_compat)
+async def _start(tiny_llama_dir, decode_compat=COMPAT, kv_address="127.0.0.1:1", fail_decode=False):
+    prefill = FakeWorker("prefill", kv_address=kv_address)
+    decode = FakeWorker("decode", decode_compat, fail_decode=fail_decode)
     prefill_address = await prefill.server.start("127.0.0.1", 0)
     decode_address = await decode.server.start("127.0.0.1", 0)
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
@@ -122,3 +125,20 @@ def test_gateway_imports_neither_torch_nor_vllm():
             "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+async def test_failed_decode_releases_the_prefill_kv_at_once(tiny_llama_dir):
+    held = HeldTransfers()
+    held.hold(HeldTransfer("t-r9", (0,), (b"",), deadline=1e18))
+    kv_server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_id: memoryview(b"")), "127.0.0.1", 0)
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, kv_address=kv_server.address, fail_decode=True)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await generate(address, make_request([0, 5], max_tokens=1, request_id="r9"))
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, "decode engine died")
+        assert held.take_finished() == {"t-r9"}
+    finally:
+        await gateway.stop(0)
+        await prefill.server.stop(0)
+        await decode.server.stop(0)
+        kv_server.stop(0)
