@@ -5,8 +5,8 @@ from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from pdmesh.worker_runtime import worker_main
 
 
-def add_servicer(server, engine, info) -> None:
-    worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(engine, info), server.server)
+def add_servicer(server, engine, info, metrics) -> None:
+    worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(engine, info, metrics), server.server)
 
 
 if __name__ == "__main__":

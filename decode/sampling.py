@@ -12,7 +12,7 @@ FINISH_REASONS = {
 }
 
 
-def to_vllm_sampling(request: worker_pb2.DecodeRequest):
+def to_vllm_sampling(request: worker_pb2.DecodeRequest, trace_carrier: dict[str, str] | None = None):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -25,5 +25,5 @@ def to_vllm_sampling(request: worker_pb2.DecodeRequest):
         stop=list(sampling.stop) or None,
         ignore_eos=sampling.ignore_eos,
         output_kind=RequestOutputKind.DELTA,
-        extra_args={"kv_transfer_params": decode_params(request.request_id, request.kv)},
+        extra_args={"kv_transfer_params": decode_params(request.request_id, request.kv, trace_carrier)},
     )

@@ -2,30 +2,47 @@
 
 from __future__ import annotations
 
+import logging
+
 from decode.sampling import FINISH_REASONS, to_vllm_sampling
 from pdmesh.compat import check_compatible
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.telemetry.metrics import MeshMetrics
+from pdmesh.telemetry.observe import TokenTimer, observe_request
+from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
 from pdmesh.validation import check_prompt, check_sampling
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
+TRANSPORT = "grpc"
+logger = logging.getLogger(__name__)
+
 
 class DecodeServicer(worker_pb2_grpc.DecodeServicer):
-    def __init__(self, engine, info: worker_pb2.WorkerInfoResponse) -> None:
+    def __init__(self, engine, info: worker_pb2.WorkerInfoResponse, metrics: MeshMetrics) -> None:
         self._engine = engine
         self._info = info
+        self._metrics = metrics
 
     @maps_domain_errors
     async def Decode(self, request: worker_pb2.DecodeRequest, context):
-        self._check(request)
-        prompt_token_ids = list(request.prompt_token_ids)
-        async for output in self._engine.generate({"prompt_token_ids": prompt_token_ids},
-                                                  to_vllm_sampling(request), request_id=request.request_id):
-            completion = output.outputs[0]
-            chunk = worker_pb2.DecodeResponse(token_ids=completion.token_ids, text=completion.text)
-            if output.finished:
-                await self._fill_final(chunk, request.request_id, completion.finish_reason)
-            yield chunk
+        with request_context(request.request_id), tracer().start_as_current_span("decode") as span, \
+                observe_request(self._metrics):
+            self._check(request)
+            timer = TokenTimer(self._metrics)
+            num_tokens = 0
+            async for output in self._engine.generate({"prompt_token_ids": list(request.prompt_token_ids)},
+                                                      to_vllm_sampling(request, inject_carrier()),
+                                                      request_id=request.request_id):
+                completion = output.outputs[0]
+                chunk = worker_pb2.DecodeResponse(token_ids=completion.token_ids, text=completion.text)
+                num_tokens += len(completion.token_ids)
+                timer.on_chunk(len(completion.token_ids))
+                if output.finished:
+                    await self._fill_final(chunk, request, completion.finish_reason)
+                yield chunk
+            span.set_attributes({"pdmesh.completion_tokens": num_tokens, **timer.span_attributes()})
+            logger.info("decode finished: %d tokens, ttft %.3fs", num_tokens, timer.ttft_s or 0.0)
 
     def _check(self, request: worker_pb2.DecodeRequest) -> None:
         if not request.request_id:
@@ -36,11 +53,24 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if request.kv.num_tokens > len(request.prompt_token_ids):
             raise InvalidRequest("KV handle covers more tokens than the prompt has")
 
-    async def _fill_final(self, chunk: worker_pb2.DecodeResponse, request_id: str, finish_reason: str | None) -> None:
+    async def _fill_final(self, chunk: worker_pb2.DecodeResponse, request: worker_pb2.DecodeRequest,
+                          finish_reason: str | None) -> None:
         chunk.finish_reason = FINISH_REASONS.get(finish_reason or "", common_pb2.FINISH_REASON_UNSPECIFIED)
-        stats = (await self._engine.collective_rpc("pdmesh_transfer_stats", args=(request_id,)))[0]
+        stats = (await self._engine.collective_rpc("pdmesh_transfer_stats", args=(request.request_id,)))[0]
         if stats:
             chunk.kv_blocks_received = stats["num_blocks"]
             chunk.kv_bytes_received = stats["num_bytes"]
             chunk.kv_seconds = stats["seconds"]
             chunk.num_cached_tokens = stats["num_reused_tokens"]
+            self._record_transfer(stats, len(request.prompt_token_ids))
+
+    def _record_transfer(self, stats: dict, num_prompt_tokens: int) -> None:
+        role, m = self._metrics.role, self._metrics
+        m.kv_bytes.labels(role, "received", TRANSPORT).inc(stats["num_bytes"])
+        m.kv_failed_blocks.labels(role).inc(stats["num_failed_blocks"])
+        if stats["num_bytes"] and stats["seconds"] > 0:
+            m.kv_gbps.labels(role, TRANSPORT).observe(stats["num_bytes"] / stats["seconds"] / 1e9)
+            m.kv_seconds.labels(role, TRANSPORT).observe(stats["seconds"])
+        m.cache_query_tokens.labels(role).inc(num_prompt_tokens)
+        m.cache_hit_tokens.labels(role, "device").inc(stats["num_local_tokens"])
+        m.cache_hit_tokens.labels(role, "peer").inc(stats["num_reused_tokens"] - stats["num_local_tokens"])

@@ -6,20 +6,29 @@ import logging
 from gateway.server import Gateway
 from pdmesh.config import GatewaySettings
 from pdmesh.grpc_server import wait_for_termination_signal, write_ready_file
+from pdmesh.telemetry.logs import configure_logging
+from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 
 
 async def serve(settings: GatewaySettings) -> None:
+    provider = setup_tracing(settings.telemetry, "pdmesh-gateway")
     gateway = Gateway(settings)
-    address = await gateway.start()
-    logging.getLogger("gateway").info("gateway serving on %s", address)
-    write_ready_file(settings.ready_file, address=address, role="gateway")
-    await wait_for_termination_signal()
-    await gateway.stop()
+    try:
+        address = await gateway.start()
+        logging.getLogger("gateway").info("gateway serving on %s (metrics %s)", address,
+                                          gateway.metrics_address or "off")
+        write_ready_file(settings.ready_file, address=address, role="gateway",
+                         metrics_address=gateway.metrics_address)
+        await wait_for_termination_signal(settings.exit_with_parent)
+        await gateway.stop()
+    finally:
+        shutdown_tracing(provider)
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(GatewaySettings.from_cli(argv)))
+    settings = GatewaySettings.from_cli(argv)
+    configure_logging(settings.telemetry.log_format)
+    asyncio.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
 from pdmesh.compat import check_compatible
 from pdmesh.errors import Incompatible, NoWorkerAvailable
@@ -22,6 +23,8 @@ class Worker:
 
 
 class WorkerPool:
+    policy = "round_robin"
+
     def __init__(self, prefill_addresses: list[str], decode_addresses: list[str], info_timeout_s: float = 5.0):
         self._prefill = [self._open(a) for a in prefill_addresses]
         self._decode = [self._open(a) for a in decode_addresses]
@@ -41,7 +44,8 @@ class WorkerPool:
 
     async def release_kv(self, handle: common_pb2.KVHandle) -> bool:
         """Best effort: frees a prefill's pinned blocks when decode never took them."""
-        async with grpc.aio.insecure_channel(handle.kv_address, options=GRPC_OPTIONS) as channel:
+        async with grpc.aio.insecure_channel(handle.kv_address, options=GRPC_OPTIONS,
+                                             interceptors=aio_client_interceptors()) as channel:
             try:
                 response = await kv_transfer_pb2_grpc.KVTransferStub(channel).Release(
                     kv_transfer_pb2.ReleaseRequest(transfer_id=handle.transfer_id), timeout=self._info_timeout_s)
@@ -57,7 +61,8 @@ class WorkerPool:
 
     @staticmethod
     def _open(address: str) -> Worker:
-        return Worker(address, grpc.aio.insecure_channel(address, options=GRPC_OPTIONS))
+        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS, interceptors=aio_client_interceptors())
+        return Worker(address, channel)
 
     async def _next_reachable(self, workers: list[Worker], turn: itertools.count, role: str) -> Worker:
         for _ in range(len(workers)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import grpc
@@ -10,36 +11,58 @@ from gateway.pool import Worker, WorkerPool
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.errors import InvalidRequest, ModelNotFound
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.telemetry.metrics import MeshMetrics
+from pdmesh.telemetry.observe import TokenTimer, observe_request
+from pdmesh.telemetry.tracing import request_context, tracer
 from pdmesh.validation import check_prompt, check_sampling
 from pdmesh.v1 import generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
+logger = logging.getLogger(__name__)
+
+
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
-    def __init__(self, pool: WorkerPool, tokenizer: PromptTokenizer, request_timeout_s: float) -> None:
+    def __init__(self, pool: WorkerPool, tokenizer: PromptTokenizer, request_timeout_s: float,
+                 metrics: MeshMetrics) -> None:
         self._pool = pool
         self._tokenizer = tokenizer
         self._request_timeout_s = request_timeout_s
+        self._metrics = metrics
 
     @maps_domain_errors
     async def Generate(self, request: generate_pb2.GenerateRequest, context):
         request_id = request.request_id or uuid.uuid4().hex
+        with request_context(request_id), tracer().start_as_current_span("gateway.generate") as span, \
+                observe_request(self._metrics):
+            async for response in self._generate(request, request_id, span):
+                yield response
+
+    async def _generate(self, request: generate_pb2.GenerateRequest, request_id: str, span):
         prefill, decode = await self._pool.pick_pair()
+        span.set_attributes({"pdmesh.route.policy": self._pool.policy, "pdmesh.route.prefill": prefill.address,
+                             "pdmesh.route.decode": decode.address})
         prompt_token_ids = self._prompt_token_ids(request, decode.info)
+        span.set_attribute("pdmesh.prompt_tokens", len(prompt_token_ids))
         prefilled = await worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(
             worker_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=prompt_token_ids),
             timeout=self._request_timeout_s)
         decode_request = worker_pb2.DecodeRequest(
             request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=request.sampling, kv=prefilled.kv)
+        timer = TokenTimer(self._metrics)
         num_completion_tokens = 0
         try:
             async for chunk in worker_pb2_grpc.DecodeStub(decode.channel).Decode(
                     decode_request, timeout=self._request_timeout_s):
                 num_completion_tokens += len(chunk.token_ids)
+                timer.on_chunk(len(chunk.token_ids))
                 yield self._response(request_id, chunk, prefill, decode, len(prompt_token_ids),
                                      num_completion_tokens)
         except grpc.aio.AioRpcError:
             await self._pool.release_kv(prefilled.kv)  # decode may never have pulled; don't pin till timeout
             raise
+        span.set_attributes({"pdmesh.completion_tokens": num_completion_tokens, **timer.span_attributes()})
+        logger.info("request finished: %d prompt + %d completion tokens via %s -> %s", len(prompt_token_ids),
+                    num_completion_tokens, prefill.address, decode.address)
 
     @maps_domain_errors
     async def ListModels(self, request, context):

@@ -29,12 +29,14 @@ class LocalCluster:
     num_prefill: int = 1
     num_decode: int = 1
     worker_args: list[str] = field(default_factory=list)   # extra CLI flags for every worker
+    telemetry_args: list[str] = field(default_factory=list)  # --telemetry.* flags for every process
     startup_timeout_s: float = 300.0
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
     decode_addresses: list[str] = field(default_factory=list)
     prefill_addresses_kv: list[str] = field(default_factory=list)   # their KV-transfer servers
     gateway_address: str = ""
+    metrics_addresses: dict[str, str] = field(default_factory=dict)  # process name: host:port of /metrics
 
     def start(self) -> "LocalCluster":
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -45,7 +47,11 @@ class LocalCluster:
             self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
             self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]
             self.prefill_addresses_kv = [r["kv_address"] for r in ready if r["role"] == "prefill"]
-            self.gateway_address = self._wait_ready(self._spawn_gateway())["address"]
+            gateway = self._spawn_gateway()
+            ready.append(self._wait_ready(gateway))
+            self.gateway_address = ready[-1]["address"]
+            self.metrics_addresses = {p.name: r["metrics_address"] for p, r in zip([*workers, gateway], ready)
+                                      if r.get("metrics_address")}
         except BaseException:
             self.stop()
             raise
@@ -76,13 +82,13 @@ class LocalCluster:
     def _spawn_worker(self, role: str, index: int, core_index: int) -> _Process:
         core = core_index % (os.cpu_count() or 1)
         args = ["--port", "0", "--engine.model", str(self.model_dir),
-                "--engine.omp_threads_bind", str(core), *self.worker_args]
+                "--engine.omp_threads_bind", str(core), *self.worker_args, *self.telemetry_args]
         return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args])
 
     def _spawn_gateway(self) -> _Process:
         args = ["--port", str(self.gateway_port), "--tokenizer", str(self.model_dir),
                 "--prefill_workers", json.dumps(self.prefill_addresses),
-                "--decode_workers", json.dumps(self.decode_addresses)]
+                "--decode_workers", json.dumps(self.decode_addresses), *self.telemetry_args]
         return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
 
     def _spawn(self, name: str, command: list[str]) -> _Process:
@@ -90,7 +96,7 @@ class LocalCluster:
         ready_file.unlink(missing_ok=True)
         log_path = self.run_dir / f"{name}.log"
         with log_path.open("w") as log:
-            popen = subprocess.Popen([*command, "--ready_file", str(ready_file)], stdout=log,
+            popen = subprocess.Popen([*command, "--ready_file", str(ready_file), "--exit_with_parent"], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         process = _Process(name, popen, ready_file, log_path)
         self._processes.append(process)

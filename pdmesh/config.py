@@ -30,6 +30,17 @@ class EngineSettings(BaseModel):
     seed: int = 0
 
 
+class TelemetrySettings(BaseModel):
+    """Traces, metrics and logs of one process."""
+
+    exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str = "127.0.0.1:4317"   # an OpenTelemetry collector's OTLP/gRPC port
+    export_delay_ms: int = 2000             # batch span processor's schedule delay
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None         # Prometheus /metrics; 0 picks a free port; None: off
+    log_format: Literal["text", "json"] = "text"
+
+
 class _LayeredSettings(BaseSettings):
     """Adds a config file (path in `config_file`, from env or CLI) below env and CLI."""
 
@@ -89,7 +100,9 @@ class WorkerSettings(_LayeredSettings):
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0
     ready_file: Path | None = None     # written with {"address": ...} once serving
+    exit_with_parent: bool = False     # stop when the launching process dies (local clusters, tests)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
 
 class GatewaySettings(_LayeredSettings):
@@ -102,3 +115,5 @@ class GatewaySettings(_LayeredSettings):
     tokenizer: str = str(DEFAULT_MODEL_DIR)                     # folder with tokenizer.json
     request_timeout_s: float = 300.0
     ready_file: Path | None = None
+    exit_with_parent: bool = False
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

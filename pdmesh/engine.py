@@ -37,6 +37,8 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
             "kv_port": kv_port,
             "hold_timeout_s": settings.hold_timeout_s,
             "pull_timeout_s": settings.pull_timeout_s,
+            # The engine's worker process sets up its own tracing from this.
+            "telemetry": settings.telemetry.model_dump(),
         },
     }
 
@@ -55,7 +57,7 @@ def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
     }
 
 
-def build_worker_engine(settings: WorkerSettings, kv_port: int):
+def build_worker_engine(settings: WorkerSettings, kv_port: int, stat_loggers: list | None = None):
     """AsyncLLM for a prefill or decode worker (imports vLLM here, not at module import)."""
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -67,4 +69,4 @@ def build_worker_engine(settings: WorkerSettings, kv_port: int):
         kv_transfer_config=KVTransferConfig(**kv_transfer_config(settings, kv_port)),
         worker_extension_cls=WORKER_EXTENSION,
     )
-    return AsyncLLM.from_engine_args(args)
+    return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)

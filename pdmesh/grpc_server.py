@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from collections.abc import Iterable
 from pathlib import Path
@@ -11,13 +12,15 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 
 
 class AioServer:
     def __init__(self, service_names: Iterable[str]) -> None:
-        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        # Continues the caller's trace (traceparent + baggage) into this process.
+        self.server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[aio_server_interceptor()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names = list(service_names)
@@ -42,12 +45,23 @@ class AioServer:
         await self.server.stop(grace_s)
 
 
-async def wait_for_termination_signal() -> None:
+async def wait_for_termination_signal(exit_with_parent: bool = False) -> None:
+    """Returns on SIGINT/SIGTERM, or (exit_with_parent) once the process that started us is gone."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watchdog = loop.create_task(_watch_parent(stop)) if exit_with_parent else None
     await stop.wait()
+    if watchdog is not None:
+        watchdog.cancel()
+
+
+async def _watch_parent(stop: asyncio.Event, interval_s: float = 1.0) -> None:
+    parent_pid = os.getppid()
+    while os.getppid() == parent_pid:  # a dead parent's children are re-parented
+        await asyncio.sleep(interval_s)
+    stop.set()
 
 
 def write_ready_file(path: Path | None, **fields: object) -> None:

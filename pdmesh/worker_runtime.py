@@ -9,11 +9,14 @@ from collections.abc import Callable
 from pdmesh.config import WorkerSettings
 from pdmesh.engine import build_worker_engine, free_port
 from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_ready_file
+from pdmesh.telemetry.logs import configure_logging
+from pdmesh.telemetry.metrics import MeshMetrics
+from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-AddServicer = Callable[[AioServer, object, worker_pb2.WorkerInfoResponse], None]
+AddServicer = Callable[[AioServer, object, worker_pb2.WorkerInfoResponse, MeshMetrics], None]
 
 
 class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServicer):
@@ -40,25 +43,45 @@ async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> 
 
 
 async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: AddServicer) -> None:
+    from pdmesh.telemetry.engine_stats import ConnectorCounterPoller, stat_logger_factory
+
+    provider = setup_tracing(settings.telemetry, f"pdmesh-{settings.role}")
+    metrics = MeshMetrics(settings.role)
+    block_nbytes_holder: list[int] = []
     kv_port = settings.kv_port or free_port(settings.kv_host)
-    engine = build_worker_engine(settings, kv_port)
+    engine = build_worker_engine(settings, kv_port, [stat_logger_factory(metrics, block_nbytes_holder)])
+    poller = ConnectorCounterPoller(engine, metrics)
     try:
         advertise_host = settings.kv_advertise_host or settings.kv_host
         info = await describe_worker(settings, engine, f"{advertise_host}:{kv_port}")
+        block_nbytes_holder.append(info.compat.block_nbytes)
         server = AioServer([service_name, "pdmesh.v1.WorkerInfo"])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
-        add_servicer(server, engine, info)
+        add_servicer(server, engine, info, metrics)
+        metrics_address = _serve_metrics(settings, metrics)
         address = await server.start(settings.host, settings.port)
-        logger.info("%s worker serving on %s (KV %s)", settings.role, address, info.kv_address or "-")
-        write_ready_file(settings.ready_file, address=address, kv_address=info.kv_address, role=settings.role)
-        await wait_for_termination_signal()
+        poller.start()
+        metrics.healthy.labels(settings.role).set(1)
+        logger.info("%s worker serving on %s (KV %s, metrics %s)", settings.role, address, info.kv_address or "-",
+                    metrics_address or "off")
+        write_ready_file(settings.ready_file, address=address, kv_address=info.kv_address, role=settings.role,
+                         metrics_address=metrics_address)
+        await wait_for_termination_signal(settings.exit_with_parent)
+        metrics.healthy.labels(settings.role).set(0)
         await server.stop()
     finally:
+        await poller.stop()
         engine.shutdown()
+        shutdown_tracing(provider)
+
+
+def _serve_metrics(settings: WorkerSettings, metrics: MeshMetrics) -> str:
+    telemetry = settings.telemetry
+    return "" if telemetry.metrics_port is None else metrics.serve(telemetry.metrics_host, telemetry.metrics_port)
 
 
 def worker_main(role: str, service_name: str, add_servicer: AddServicer, argv: list[str] | None = None) -> None:
     """Entry point of `python -m prefill` / `python -m decode`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = WorkerSettings.from_cli(argv, role=role)
+    configure_logging(settings.telemetry.log_format)
     asyncio.run(run_worker(settings, service_name, add_servicer))

@@ -5,8 +5,8 @@ from pdmesh.worker_runtime import worker_main
 from prefill.servicer import PrefillServicer
 
 
-def add_servicer(server, engine, info) -> None:
-    worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(engine, info), server.server)
+def add_servicer(server, engine, info, metrics) -> None:
+    worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(engine, info, metrics), server.server)
 
 
 if __name__ == "__main__":

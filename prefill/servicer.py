@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+import logging
+
 from pdmesh.connector.params import handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.telemetry.metrics import MeshMetrics
+from pdmesh.telemetry.observe import TokenTimer, observe_request
+from pdmesh.telemetry.tracing import request_context, tracer
 from pdmesh.validation import check_prompt
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
 
+logger = logging.getLogger(__name__)
+
+
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
-    def __init__(self, engine, info: worker_pb2.WorkerInfoResponse) -> None:
+    def __init__(self, engine, info: worker_pb2.WorkerInfoResponse, metrics: MeshMetrics) -> None:
         self._engine = engine
         self._info = info
+        self._metrics = metrics
 
     @maps_domain_errors
     async def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
+        with request_context(request.request_id), tracer().start_as_current_span("prefill") as span, \
+                observe_request(self._metrics):
+            response = await self._prefill(request)
+            span.set_attributes({"pdmesh.tokens_computed": response.num_computed_tokens,
+                                 "pdmesh.tokens_reused": response.num_cached_tokens,
+                                 "pdmesh.kv_blocks": len(response.kv.block_ids)})
+            logger.info("prefill finished: %d tokens computed, %d cached", response.num_computed_tokens,
+                        response.num_cached_tokens)
+            return response
+
+    async def _prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
         from vllm import SamplingParams
 
         if not request.request_id:
@@ -24,16 +44,26 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         check_prompt(prompt_token_ids, self._info.max_model_len, self._info.vocab_size)
         sampling = SamplingParams(max_tokens=1, temperature=0.0,
                                   extra_args={"kv_transfer_params": prefill_params(request.request_id)})
+        timer = TokenTimer(self._metrics)
         final = None
         async for output in self._engine.generate({"prompt_token_ids": prompt_token_ids}, sampling,
                                                   request_id=request.request_id):
+            timer.on_chunk(len(output.outputs[0].token_ids))
             final = output
         if final is None or not final.kv_transfer_params:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
         num_cached = final.num_cached_tokens or 0
+        self._record_tokens(len(prompt_token_ids), num_cached)
         return worker_pb2.PrefillResponse(
             request_id=request.request_id,
             kv=handle_from_params(final.kv_transfer_params, self._info.compat),
             num_computed_tokens=len(prompt_token_ids) - num_cached,
             num_cached_tokens=num_cached,
         )
+
+    def _record_tokens(self, num_prompt_tokens: int, num_cached: int) -> None:
+        role = self._metrics.role
+        self._metrics.prefill_tokens.labels(role, "computed").inc(num_prompt_tokens - num_cached)
+        self._metrics.prefill_tokens.labels(role, "cached").inc(num_cached)
+        self._metrics.cache_query_tokens.labels(role).inc(num_prompt_tokens)
+        self._metrics.cache_hit_tokens.labels(role, "device").inc(num_cached)

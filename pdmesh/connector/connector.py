@@ -17,6 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from pdmesh.connector.metadata import PDMeshConnectorMetadata
 from pdmesh.connector.scheduler_side import ConnectorScheduler
+from pdmesh.config import TelemetrySettings
 from pdmesh.connector.worker_side import ConnectorWorker
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ class PDMeshConnector(KVConnectorBase_V1):
                 model=vllm_config.model_config.model, block_size=block_size,
                 is_producer=self._kv_transfer_config.is_kv_producer, kv_host=kv_host, kv_port=kv_port,
                 hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
-                pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)))
+                pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
+                telemetry=TelemetrySettings(**(extra.get("telemetry") or {})))
 
     @property
     def worker(self) -> ConnectorWorker:

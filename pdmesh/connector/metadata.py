@@ -29,6 +29,7 @@ class RecvTask:
     token_ids: list[int]         # the prompt tokens the remote KV covers (pulled blocks must hold them)
     num_local_tokens: int = 0    # prompt tokens already in the local prefix cache
     report_done: bool = True     # False: release-only (nothing is waiting on it)
+    trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kv.transfer span
 
 
 @dataclass

@@ -14,16 +14,19 @@ from pdmesh.v1 import common_pb2
 DO_REMOTE_DECODE = "do_remote_decode"
 DO_REMOTE_PREFILL = "do_remote_prefill"
 PDMESH_REQUEST_ID = "pdmesh_request_id"
+TRACE_CARRIER = "pdmesh_trace"  # W3C traceparent + baggage of the decode span, for the kv.transfer span
 
 
 def prefill_params(request_id: str) -> dict[str, Any]:
     return {DO_REMOTE_DECODE: True, PDMESH_REQUEST_ID: request_id}
 
 
-def decode_params(request_id: str, handle: common_pb2.KVHandle) -> dict[str, Any]:
+def decode_params(request_id: str, handle: common_pb2.KVHandle,
+                  trace_carrier: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         DO_REMOTE_PREFILL: True,
         PDMESH_REQUEST_ID: request_id,
+        TRACE_CARRIER: dict(trace_carrier or {}),
         "transfer_id": handle.transfer_id,
         "kv_address": handle.kv_address,
         "block_ids": list(handle.block_ids),

@@ -14,6 +14,7 @@ class TransferStats:
     seconds: float = 0.0
     num_failed_blocks: int = 0
     num_reused_tokens: int = 0   # prompt tokens decode did not compute: local prefix hit + pulled
+    num_local_tokens: int = 0    # of those, found in decode's own prefix cache
 
 
 class TransferLedger:
@@ -36,6 +37,7 @@ class TransferLedger:
             self._total.seconds += stats.seconds
             self._total.num_failed_blocks += stats.num_failed_blocks
             self._total.num_reused_tokens += stats.num_reused_tokens
+            self._total.num_local_tokens += stats.num_local_tokens
 
     def for_request(self, request_id: str) -> dict | None:
         with self._lock:

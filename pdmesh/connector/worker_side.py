@@ -14,13 +14,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from opentelemetry import context
 
 from kvstore.block_hash import chain_block_hashes
 from pdmesh.compat import fingerprint_seed, model_fingerprint
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
 from pdmesh.connector.paged_kv import PagedKVCache
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
-from pdmesh.errors import BlockHashMismatch, PDMeshError
+from pdmesh.config import TelemetrySettings
+from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError
+from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
@@ -31,7 +34,9 @@ logger = logging.getLogger(__name__)
 
 class ConnectorWorker:
     def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
-                 hold_timeout_s: float, pull_timeout_s: float) -> None:
+                 hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings) -> None:
+        role = "prefill" if is_producer else "decode"
+        self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
         self._block_size = block_size
         self._is_producer = is_producer
@@ -97,6 +102,7 @@ class ConnectorWorker:
             self._server.stop(grace_s=0.5)
         if self._receiver is not None:
             self._receiver.close()
+        shutdown_tracing(self._tracer_provider)
 
     def _hold(self, send: SendTask) -> None:
         hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
@@ -105,23 +111,41 @@ class ConnectorWorker:
                                     deadline=time.monotonic() + self._hold_timeout_s))
 
     def _receive(self, task: RecvTask) -> None:
-        started = time.perf_counter()
-        stats = TransferStats()
+        token = context.attach(extract_carrier(task.trace_carrier))
         try:
-            if task.block_indexes:
-                stats = self._pull_into_cache(task)
-        except Exception as exc:  # noqa: BLE001 - a failed pull becomes recompute, never a crash
-            logger.warning("request %s: KV pull failed (%s); blocks will be recomputed", task.request_id, exc)
+            with tracer().start_as_current_span("kv.transfer") as span:
+                stats = self._receive_traced(task, span)
         finally:
-            self._release(task)
-        stats.seconds = time.perf_counter() - started
-        stats.num_failed_blocks = len(task.block_indexes) - stats.num_blocks
-        stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
+            context.detach(token)
         self.ledger.record(task.pdmesh_request_id, stats)
         with self._lock:
             self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
             if task.report_done:
                 self._done_recving.add(task.request_id)
+
+    def _receive_traced(self, task: RecvTask, span) -> TransferStats:
+        started = time.perf_counter()
+        stats, result = TransferStats(), "ok"
+        try:
+            if task.block_indexes:
+                stats = self._pull_into_cache(task)
+        except Exception as exc:  # noqa: BLE001 - a failed pull becomes recompute, never a crash
+            result = "mismatch" if isinstance(exc, (ChecksumMismatch, BlockHashMismatch)) else "error"
+            span.record_exception(exc)
+            logger.warning("request %s: KV pull failed (%s); blocks will be recomputed", task.request_id, exc)
+        finally:
+            self._release(task)
+        stats.seconds = time.perf_counter() - started
+        stats.num_failed_blocks = len(task.block_indexes) - stats.num_blocks
+        stats.num_local_tokens = task.num_local_tokens
+        stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
+        span.set_attributes({
+            "pdmesh.kv.transport": "grpc", "pdmesh.kv.peer": task.kv_address, "pdmesh.kv.checksum": result,
+            "pdmesh.kv.blocks": stats.num_blocks, "pdmesh.kv.failed_blocks": stats.num_failed_blocks,
+            "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,
+            "pdmesh.kv.gbps": stats.num_bytes / stats.seconds / 1e9 if stats.seconds > 0 else 0.0,
+        })
+        return stats
 
     def _pull_into_cache(self, task: RecvTask) -> TransferStats:
         expected = chain_block_hashes(fingerprint_seed(self.compat), task.token_ids, self._block_size,

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import grpc
+from opentelemetry.instrumentation.grpc import client_interceptor
+from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
 
 from pdmesh.errors import WorkerFailed
 from pdmesh.status_map import error_from_rpc_error
@@ -19,7 +21,7 @@ class GrpcKVReceiver:
         self._compat = compat
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[str, tuple[grpc.Channel, grpc.Channel]] = {}  # address: (raw, traced)
 
     def pull(self, address: str, transfer_id: str, block_indexes: Sequence[int]) -> Iterator[AssembledBlock]:
         """Yields verified blocks in the order asked; raises a domain error on any failure."""
@@ -47,14 +49,14 @@ class GrpcKVReceiver:
 
     def close(self) -> None:
         with self._lock:
-            for channel in self._channels.values():
+            for channel, _ in self._channels.values():
                 channel.close()
             self._channels.clear()
 
     def _stub(self, address: str) -> kv_transfer_pb2_grpc.KVTransferStub:
         with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
+            if address not in self._channels:
                 channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-                self._channels[address] = channel
-        return kv_transfer_pb2_grpc.KVTransferStub(channel)
+                self._channels[address] = (channel, intercept_channel(channel, client_interceptor()))
+            traced = self._channels[address][1]
+        return kv_transfer_pb2_grpc.KVTransferStub(traced)

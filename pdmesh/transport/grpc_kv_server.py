@@ -13,10 +13,12 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import server_interceptor
 
 from pdmesh.compat import check_compatible
 from pdmesh.errors import InvalidRequest, PDMeshError
 from pdmesh.status_map import error_metadata, grpc_status_of
+from pdmesh.telemetry.tracing import tracer
 from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_block_chunks
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
@@ -44,17 +46,23 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         self.num_bytes_sent = 0
 
     def Pull(self, request, context):
-        try:
-            transfer = self._open_transfer(request)
-        except PDMeshError as exc:
-            context.set_trailing_metadata(error_metadata(exc))
-            context.abort(grpc_status_of(exc), str(exc))
-        for index in request.block_indexes:
-            payload = self._read_block(transfer.block_ids[index])
-            yield from iter_block_chunks(index, payload, transfer.block_hashes[index], self._chunk_nbytes)
-            with self._lock:
-                self.num_blocks_sent += 1
-                self.num_bytes_sent += payload.nbytes
+        with tracer().start_as_current_span("kv.serve") as span:
+            span.set_attribute("pdmesh.kv.transfer_id", request.transfer_id)
+            try:
+                transfer = self._open_transfer(request)
+            except PDMeshError as exc:
+                span.record_exception(exc)
+                context.set_trailing_metadata(error_metadata(exc))
+                context.abort(grpc_status_of(exc), str(exc))
+            num_bytes = 0
+            for index in request.block_indexes:
+                payload = self._read_block(transfer.block_ids[index])
+                yield from iter_block_chunks(index, payload, transfer.block_hashes[index], self._chunk_nbytes)
+                num_bytes += payload.nbytes
+                with self._lock:
+                    self.num_blocks_sent += 1
+                    self.num_bytes_sent += payload.nbytes
+            span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
 
     def Release(self, request, context):
         return kv_transfer_pb2.ReleaseResponse(released=self._held.release(request.transfer_id))
@@ -73,7 +81,8 @@ class GrpcKVServer:
     """Owns the server; `address` is host:port actually bound."""
 
     def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 4) -> None:
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS,
+                                   interceptors=[server_interceptor()])
         kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(servicer, self._server)
         self._add_health_and_reflection()
         bound_port = self._server.add_insecure_port(f"{host}:{port}")

@@ -1,5 +1,5 @@
-"""Static checks of deploy/docker-compose.yml (no Docker engine runs here): every service's
-command parses with the real settings classes and the addresses line up across services."""
+"""Static checks of deploy/ (no Docker engine runs here): every pdmesh service's command parses
+with the real settings classes, and the addresses line up across services and configs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import yaml
 from pdmesh.config import GatewaySettings, WorkerSettings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+PDMESH_SERVICES = ("prefill", "decode", "gateway")
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +23,15 @@ def compose() -> dict:
 
 
 def _settings(service: dict):
-    python, dash_m, module, *args = service["command"]
+    python, dash_m, module, *args = service["entrypoint"] + service["command"]
     assert (python, dash_m) == ("python", "-m") and importlib.util.find_spec(module) is not None
     cls = GatewaySettings if module == "gateway" else WorkerSettings
     return module, cls.from_cli(args)
 
 
-def test_services_run_the_three_roles(compose):
-    assert sorted(compose["services"]) == ["decode", "gateway", "prefill"]
-    assert [_settings(compose["services"][name])[0] for name in ("prefill", "decode", "gateway")] == \
-        ["prefill", "decode", "gateway"]
+def test_services_run_the_three_roles_and_the_observability_stack(compose):
+    assert sorted(compose["services"]) == ["decode", "gateway", "grafana", "otel-collector", "prefill", "prometheus"]
+    assert [_settings(compose["services"][name])[0] for name in PDMESH_SERVICES] == list(PDMESH_SERVICES)
 
 
 def test_gateway_points_at_the_workers_ports_and_workers_advertise_reachable_kv(compose):
@@ -44,6 +44,17 @@ def test_gateway_points_at_the_workers_ports_and_workers_advertise_reachable_kv(
     assert (prefill.kv_host, prefill.kv_advertise_host) == ("0.0.0.0", "prefill")
     assert prefill.host == decode.host == gateway.host == "0.0.0.0"
     assert services["gateway"]["ports"] == [f"{gateway.port}:{gateway.port}"]
+
+
+def test_every_process_exports_traces_to_the_collector_and_is_scraped(compose):
+    collector = yaml.safe_load((DEPLOY / "otel-collector.yaml").read_text())
+    collector_port = collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].rsplit(":", 1)[1]
+    targets = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"][0]["static_configs"][0]
+    for name in PDMESH_SERVICES:
+        telemetry = _settings(compose["services"][name])[1].telemetry
+        assert (telemetry.exporter, telemetry.otlp_endpoint) == ("otlp", f"otel-collector:{collector_port}")
+        assert (telemetry.metrics_host, f"{name}:{telemetry.metrics_port}") == ("0.0.0.0", f"{name}:9400")
+        assert f"{name}:{telemetry.metrics_port}" in targets["targets"]
 
 
 def test_healthcheck_probes_the_worker_port(compose):

@@ -15,6 +15,7 @@ import pytest
 
 from pdmesh.cluster import LocalCluster
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.vllm
 
@@ -59,8 +60,22 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def cluster(tiny_llama_dir, reference, tmp_path_factory):
-    with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp("cluster")) as running:
+def otlp_receiver():
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.stop()
+
+
+def telemetry_flags(otlp_endpoint: str) -> list[str]:
+    """Every process exports spans to the test's receiver and serves /metrics on a free port."""
+    return ["--telemetry.exporter", "otlp", "--telemetry.otlp_endpoint", otlp_endpoint,
+            "--telemetry.export_delay_ms", "100", "--telemetry.metrics_port", "0", "--telemetry.log_format", "json"]
+
+
+@pytest.fixture(scope="session")
+def cluster(tiny_llama_dir, reference, otlp_receiver, tmp_path_factory):
+    with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp("cluster"),
+                      telemetry_args=telemetry_flags(otlp_receiver.endpoint)) as running:
         yield running
         assert_nothing_pinned(running)
 

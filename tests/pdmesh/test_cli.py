@@ -56,5 +56,5 @@ def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
         assert _processes_of(run_dir, but=up.pid) == []
     finally:
         if up.poll() is None:
-            up.kill()
+            up.kill()  # its cluster's processes see their parent gone and stop (--exit_with_parent)
             up.wait()

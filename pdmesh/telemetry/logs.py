@@ -1,0 +1,38 @@
+"""Process logging: plain text, or one JSON object a line carrying request id and trace id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from opentelemetry import baggage, trace
+
+from pdmesh.telemetry.tracing import REQUEST_ID_KEY
+
+TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        span_context = trace.get_current_span().get_span_context()
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": baggage.get_baggage(REQUEST_ID_KEY) or None,
+            "trace_id": format(span_context.trace_id, "032x") if span_context.is_valid else None,
+            "span_id": format(span_context.span_id, "016x") if span_context.is_valid else None,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(log_format: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)

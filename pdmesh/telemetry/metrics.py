@@ -1,0 +1,70 @@
+"""Prometheus metrics of one pdmesh process, on a registry of its own (several can live in one
+test process). Every metric carries the process's role as a label."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+GBPS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 100.0)
+
+
+class MeshMetrics:
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("pdmesh_requests", "Requests finished, by gRPC status", ["role", "status"],
+                                registry=r)
+        self.in_flight = Gauge("pdmesh_requests_in_flight", "Requests being served now", ["role"], registry=r)
+        self.ttft = Histogram("pdmesh_ttft_seconds", "Time from request arrival to its first token", ["role"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("pdmesh_itl_seconds", "Time between consecutive output chunks", ["role"],
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_tokens = Counter("pdmesh_prefill_tokens", "Prompt tokens at prefill, computed or cached",
+                                      ["role", "kind"], registry=r)
+        self.cache_query_tokens = Counter("pdmesh_kv_cache_query_tokens", "Prompt tokens looked up in KV caches",
+                                          ["role"], registry=r)
+        self.cache_hit_tokens = Counter("pdmesh_kv_cache_hit_tokens", "Prompt tokens found, by tier",
+                                        ["role", "tier"], registry=r)
+        self.kv_bytes = Counter("pdmesh_kv_transfer_bytes", "KV bytes moved between workers",
+                                ["role", "direction", "transport"], registry=r)
+        self.kv_gbps = Histogram("pdmesh_kv_transfer_gbps", "Achieved GB/s of each KV transfer",
+                                 ["role", "transport"], buckets=GBPS_BUCKETS, registry=r)
+        self.kv_seconds = Histogram("pdmesh_kv_transfer_seconds", "Duration of each KV transfer",
+                                    ["role", "transport"], buckets=LATENCY_BUCKETS, registry=r)
+        self.kv_failed_blocks = Counter("pdmesh_kv_failed_blocks", "KV blocks that failed to load (recomputed)",
+                                        ["role"], registry=r)
+        self.queue_depth = Gauge("pdmesh_engine_queue_depth", "Requests waiting in the vLLM scheduler", ["role"],
+                                 registry=r)
+        self.running = Gauge("pdmesh_engine_running_requests", "Requests running in the vLLM scheduler", ["role"],
+                             registry=r)
+        self.tier_occupancy = Gauge("pdmesh_kv_tier_occupancy_bytes", "KV bytes held, by tier", ["role", "tier"],
+                                    registry=r)
+        self.healthy = Gauge("pdmesh_worker_healthy", "1 while the process serves", ["role"], registry=r)
+
+    def serve(self, host: str, port: int) -> str:
+        """Starts the /metrics HTTP endpoint; returns host:port bound."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return f"{host}:{server.server_port}"
+
+    def add_counter_source(self, name: str, doc: str, read: Callable[[], dict[str, float]]) -> None:
+        """Exports counters another process keeps (read from its last snapshot at scrape time)."""
+        self.registry.register(_SnapshotCounters(name, doc, self.role, read))
+
+
+class _SnapshotCounters:
+    def __init__(self, name: str, doc: str, role: str, read: Callable[[], dict[str, float]]) -> None:
+        self._name, self._doc, self._role, self._read = name, doc, role, read
+
+    def collect(self):
+        family = CounterMetricFamily(self._name, self._doc, labels=["role", "counter"])
+        for counter, value in sorted(self._read().items()):
+            family.add_metric([self._role, counter], value)
+        yield family
+
+    def describe(self):
+        return []

@@ -1,0 +1,45 @@
+import asyncio
+
+import pytest
+
+from pdmesh.errors import InvalidRequest
+from pdmesh.telemetry.metrics import MeshMetrics
+from pdmesh.telemetry.observe import TokenTimer, observe_request
+
+
+def _sample(metrics: MeshMetrics, name: str, **labels) -> float:
+    return metrics.registry.get_sample_value(name, {"role": metrics.role, **labels}) or 0.0
+
+
+def test_requests_are_counted_by_final_status_and_leave_the_in_flight_gauge():
+    metrics = MeshMetrics("gateway")
+    with observe_request(metrics):
+        assert _sample(metrics, "pdmesh_requests_in_flight") == 1
+    with pytest.raises(InvalidRequest), observe_request(metrics):
+        raise InvalidRequest("bad")
+    with pytest.raises(asyncio.CancelledError), observe_request(metrics):
+        raise asyncio.CancelledError
+    assert _sample(metrics, "pdmesh_requests_total", status="OK") == 1
+    assert _sample(metrics, "pdmesh_requests_total", status="INVALID_ARGUMENT") == 1
+    assert _sample(metrics, "pdmesh_requests_total", status="CANCELLED") == 1
+    assert _sample(metrics, "pdmesh_requests_in_flight") == 0
+
+
+def test_token_timer_records_one_ttft_and_an_itl_per_later_chunk():
+    metrics = MeshMetrics("decode")
+    timer = TokenTimer(metrics)
+    for num_tokens in (1, 0, 1, 2):
+        timer.on_chunk(num_tokens)
+    assert _sample(metrics, "pdmesh_ttft_seconds_count") == 1
+    assert _sample(metrics, "pdmesh_itl_seconds_count") == 2
+    assert set(timer.span_attributes()) == {"pdmesh.ttft_s", "pdmesh.itl_p50_s", "pdmesh.itl_max_s"}
+
+
+def test_metrics_endpoint_serves_the_registry():
+    import urllib.request
+
+    metrics = MeshMetrics("prefill")
+    metrics.healthy.labels("prefill").set(1)
+    address = metrics.serve("127.0.0.1", 0)
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+    assert 'pdmesh_worker_healthy{role="prefill"} 1.0' in text
