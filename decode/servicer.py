@@ -61,6 +61,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             chunk.kv_blocks_received = stats["num_blocks"]
             chunk.kv_bytes_received = stats["num_bytes"]
             chunk.kv_seconds = stats["seconds"]
+            chunk.kv_first_block_seconds = stats["first_block_seconds"]
             chunk.num_cached_tokens = stats["num_reused_tokens"]
             self._record_transfer(stats, len(request.prompt_token_ids))
 

@@ -96,6 +96,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             response.transfer.num_blocks = chunk.kv_blocks_received
             response.transfer.num_bytes = chunk.kv_bytes_received
             response.transfer.seconds = chunk.kv_seconds
+            response.transfer.first_block_seconds = chunk.kv_first_block_seconds
             response.transfer.num_cached_tokens = chunk.num_cached_tokens
             response.transfer.prefill_worker = prefill.address
             response.transfer.decode_worker = decode.address

@@ -51,9 +51,11 @@ def _up(args: argparse.Namespace) -> int:
     print(f"starting gateway + {args.prefill} prefill + {args.decode} decode on {model_dir} (logs: {run_dir})",
           flush=True)
     with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill,
-                      num_decode=args.decode) as cluster:
+                      num_decode=args.decode, telemetry_args=_telemetry_flags(args)) as cluster:
         print(f"gateway {cluster.gateway_address}; prefill {cluster.prefill_addresses}; "
               f"decode {cluster.decode_addresses}", flush=True)
+        print("metrics " + ", ".join(f"{name} http://{address}/metrics"
+                                     for name, address in cluster.metrics_addresses.items()), flush=True)
         print(f"> {args.prompt}", flush=True)
         asyncio.run(_print_stream(cluster.gateway_address, args.prompt, args.max_tokens, 0.0))
         if args.exit_after_demo:
@@ -66,6 +68,13 @@ def _up(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("stopping", flush=True)
     return 0
+
+
+def _telemetry_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--telemetry.metrics_port", "0"]
+    if args.otlp_endpoint:
+        flags += ["--telemetry.exporter", "otlp", "--telemetry.otlp_endpoint", args.otlp_endpoint]
+    return flags
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--max-tokens", type=int, default=32)
     up.add_argument("--run-dir", default=None)
     up.add_argument("--exit-after-demo", action="store_true")
+    up.add_argument("--otlp-endpoint", default=None, help="export traces to this OTLP/gRPC collector (host:port)")
     up.set_defaults(func=_up)
 
     gen = sub.add_parser("generate", help="send a prompt to a gateway and print the streamed text")

@@ -12,6 +12,7 @@ class TransferStats:
     num_blocks: int = 0
     num_bytes: int = 0
     seconds: float = 0.0
+    first_block_seconds: float = 0.0  # pull start to first verified block: handshake + producer lag
     num_failed_blocks: int = 0
     num_reused_tokens: int = 0   # prompt tokens decode did not compute: local prefix hit + pulled
     num_local_tokens: int = 0    # of those, found in decode's own prefix cache

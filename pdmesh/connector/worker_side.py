@@ -143,6 +143,7 @@ class ConnectorWorker:
             "pdmesh.kv.transport": "grpc", "pdmesh.kv.peer": task.kv_address, "pdmesh.kv.checksum": result,
             "pdmesh.kv.blocks": stats.num_blocks, "pdmesh.kv.failed_blocks": stats.num_failed_blocks,
             "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,
+            "pdmesh.kv.first_block_s": stats.first_block_seconds,
             "pdmesh.kv.gbps": stats.num_bytes / stats.seconds / 1e9 if stats.seconds > 0 else 0.0,
         })
         return stats
@@ -152,7 +153,10 @@ class ConnectorWorker:
                                       include_partial=True)
         local_by_index = dict(zip(task.block_indexes, task.local_block_ids))
         stats = TransferStats()
+        started = time.perf_counter()
         for block in self._receiver.pull(task.kv_address, task.transfer_id, task.block_indexes):
+            if stats.num_blocks == 0:
+                stats.first_block_seconds = time.perf_counter() - started
             if block.block_index != task.block_indexes[stats.num_blocks]:
                 raise BlockHashMismatch(f"block {block.block_index} arrived out of order")
             if block.block_hash != expected[block.block_index]:

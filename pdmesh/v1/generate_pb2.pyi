@@ -44,20 +44,22 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ...) -> None: ...
 
 class TransferStats(_message.Message):
-    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker")
+    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker", "first_block_seconds")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BLOCK_SECONDS_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     num_bytes: int
     seconds: float
     num_cached_tokens: int
     prefill_worker: str
     decode_worker: str
-    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ...) -> None: ...
+    first_block_seconds: float
+    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., first_block_seconds: _Optional[float] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

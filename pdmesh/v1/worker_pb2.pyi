@@ -82,7 +82,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds")
+    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class DecodeResponse(_message.Message):
     KV_BLOCKS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     KV_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KV_FIRST_BLOCK_SECONDS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     finish_reason: _common_pb2.FinishReason
@@ -97,4 +98,5 @@ class DecodeResponse(_message.Message):
     kv_blocks_received: int
     kv_bytes_received: int
     kv_seconds: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ...) -> None: ...
+    kv_first_block_seconds: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ..., kv_first_block_seconds: _Optional[float] = ...) -> None: ...

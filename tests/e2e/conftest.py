@@ -26,6 +26,7 @@ PROMPT_LENGTHS = [1, 2, 17, 31, 32, 33, 63, 64, 65, 100, 128, 129, 250, 500, 777
 TEXT_PROMPTS = ["Hello world, the kalo mine is ready.", "A", "Quexst tamira lodebe is the fa of hello.",
                 " leading space and trailing space "]
 SEEDED = {"max_tokens": 16, "temperature": 0.8, "top_p": 0.9, "seed": 1234}
+HOLD_TIMEOUT_S = 8.0  # prefill frees KV no decode released after this long
 LOST_KV_PROMPT = [0] + [(i * 37 + 11) % 1000 + 3 for i in range(99)]
 
 
@@ -75,16 +76,17 @@ def telemetry_flags(otlp_endpoint: str) -> list[str]:
 @pytest.fixture(scope="session")
 def cluster(tiny_llama_dir, reference, otlp_receiver, tmp_path_factory):
     with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp("cluster"),
+                      worker_args=["--hold_timeout_s", str(HOLD_TIMEOUT_S)],
                       telemetry_args=telemetry_flags(otlp_receiver.endpoint)) as running:
         yield running
-        assert_nothing_pinned(running)
+        assert_nothing_pinned(running, num_expired=1)  # test_mesh_errors abandons one transfer on purpose
 
 
-def assert_nothing_pinned(cluster: LocalCluster) -> None:
-    """Leak check: every transfer the prefill workers pinned was released."""
+def assert_nothing_pinned(cluster: LocalCluster, num_expired: int = 0) -> None:
+    """Leak check: every transfer the prefill workers pinned was released (or expired, if expected)."""
     for address in cluster.prefill_addresses:
         stats = asyncio.run(worker_stats(address))
-        assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, 0), address
+        assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, num_expired), address
 
 
 async def worker_stats(address: str) -> worker_pb2.WorkerStats:

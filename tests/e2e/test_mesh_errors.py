@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdmesh.client import generate, make_request
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import LOST_KV_PROMPT, MAX_TOKENS, token_prompts, worker_stats
+from tests.e2e.conftest import HOLD_TIMEOUT_S, LOST_KV_PROMPT, MAX_TOKENS, token_prompts, worker_stats
 
 pytestmark = pytest.mark.vllm
 
@@ -84,3 +86,17 @@ async def test_lost_kv_is_recomputed_on_decode_and_output_stays_correct(cluster,
     after = await worker_stats(cluster.decode_addresses[0])
     assert after.kv_failed_blocks - before.kv_failed_blocks == 4
 
+
+
+async def test_kv_no_decode_ever_pulls_is_freed_at_the_hold_deadline(cluster):
+    before = await worker_stats(cluster.prefill_addresses[0])
+    async with grpc.aio.insecure_channel(cluster.prefill_addresses[0]) as channel:
+        response = await worker_pb2_grpc.PrefillStub(channel).Prefill(
+            worker_pb2.PrefillRequest(request_id="abandoned-1", prompt_token_ids=[0] + list(range(700, 740))))
+    assert len(response.kv.block_ids) == 2
+    await asyncio.sleep(1.0)
+    assert (await worker_stats(cluster.prefill_addresses[0])).num_held_transfers == before.num_held_transfers + 1
+    await asyncio.sleep(HOLD_TIMEOUT_S + 1.0)
+    after = await worker_stats(cluster.prefill_addresses[0])
+    assert after.num_held_transfers == before.num_held_transfers
+    assert after.num_expired_transfers == before.num_expired_transfers + 1

@@ -45,6 +45,7 @@ def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
         assert "> Hello world, the kalo mine is ready." in demo
         assert "[8 tokens in" in demo
         assert "KV moved: 1 blocks, 131072 bytes; decode reused 18 of 18 prompt tokens]" in demo
+        assert re.search(r"gateway http://127\.0\.0\.1:\d+/metrics", demo)
         generated = subprocess.run([*PDMESH, "generate", "Hello world", "--gateway", serving.group(1),
                                     "--max-tokens", "5"], capture_output=True, text=True, timeout=60)
         assert generated.returncode == 0, generated.stderr
