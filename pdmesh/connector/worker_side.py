@@ -22,7 +22,7 @@ from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTas
 from pdmesh.connector.paged_kv import PagedKVCache
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
 from pdmesh.config import TelemetrySettings
-from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError
+from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError, WorkerFailed
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
@@ -128,7 +128,7 @@ class ConnectorWorker:
         stats, result = TransferStats(), "ok"
         try:
             if task.block_indexes:
-                stats = self._pull_into_cache(task)
+                self._pull_into_cache(task, stats)
         except Exception as exc:  # noqa: BLE001 - a failed pull becomes recompute, never a crash
             result = "mismatch" if isinstance(exc, (ChecksumMismatch, BlockHashMismatch)) else "error"
             span.record_exception(exc)
@@ -148,23 +148,22 @@ class ConnectorWorker:
         })
         return stats
 
-    def _pull_into_cache(self, task: RecvTask) -> TransferStats:
+    def _pull_into_cache(self, task: RecvTask, stats: TransferStats) -> None:
+        """Counts into `stats` as blocks land, so a failure part-way keeps the prefix that arrived."""
         expected = chain_block_hashes(fingerprint_seed(self.compat), task.token_ids, self._block_size,
                                       include_partial=True)
         local_by_index = dict(zip(task.block_indexes, task.local_block_ids))
-        stats = TransferStats()
         started = time.perf_counter()
         for block in self._receiver.pull(task.kv_address, task.transfer_id, task.block_indexes):
             if stats.num_blocks == 0:
                 stats.first_block_seconds = time.perf_counter() - started
             if block.block_index != task.block_indexes[stats.num_blocks]:
-                raise BlockHashMismatch(f"block {block.block_index} arrived out of order")
+                raise WorkerFailed(f"block {block.block_index} arrived out of order")
             if block.block_hash != expected[block.block_index]:
                 raise BlockHashMismatch(f"block {block.block_index} holds other tokens than request {task.request_id}")
             self._paged.write_block(local_by_index[block.block_index], block.payload)
             stats.num_blocks += 1
             stats.num_bytes += len(block.payload)
-        return stats
 
     def _release(self, task: RecvTask) -> None:
         try:
