@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 
-from decode.sampling import FINISH_REASONS, to_vllm_sampling
 from pdmesh.compat import check_compatible
+from pdmesh.connector.params import decode_params
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.sampling import finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
 from pdmesh.validation import check_prompt, check_sampling
-from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
 TRANSPORT = "grpc"
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             timer = TokenTimer(self._metrics)
             num_tokens = 0
             async for output in self._engine.generate({"prompt_token_ids": list(request.prompt_token_ids)},
-                                                      to_vllm_sampling(request, inject_carrier()),
+                                                      self._sampling(request),
                                                       request_id=request.request_id):
                 completion = output.outputs[0]
                 chunk = worker_pb2.DecodeResponse(token_ids=completion.token_ids, text=completion.text)
@@ -43,6 +44,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 yield chunk
             span.set_attributes({"pdmesh.completion_tokens": num_tokens, **timer.span_attributes()})
             logger.info("decode finished: %d tokens, ttft %.3fs", num_tokens, timer.ttft_s or 0.0)
+
+    @staticmethod
+    def _sampling(request: worker_pb2.DecodeRequest):
+        return to_vllm_sampling(request.sampling, decode_params(request.request_id, request.kv, inject_carrier()))
 
     def _check(self, request: worker_pb2.DecodeRequest) -> None:
         if not request.request_id:
@@ -55,7 +60,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     async def _fill_final(self, chunk: worker_pb2.DecodeResponse, request: worker_pb2.DecodeRequest,
                           finish_reason: str | None) -> None:
-        chunk.finish_reason = FINISH_REASONS.get(finish_reason or "", common_pb2.FINISH_REASON_UNSPECIFIED)
+        chunk.finish_reason = finish_reason_of(finish_reason)
         stats = (await self._engine.collective_rpc("pdmesh_transfer_stats", args=(request.request_id,)))[0]
         if stats:
             chunk.kv_blocks_received = stats["num_blocks"]

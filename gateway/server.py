@@ -21,7 +21,7 @@ class Gateway:
         self.pool = WorkerPool(settings.prefill_workers, settings.decode_workers)
         self._server = AioServer([SERVICE_NAME])
         servicer = GenerationServicer(self.pool, PromptTokenizer(settings.tokenizer), settings.request_timeout_s,
-                                      self.metrics)
+                                      self.metrics, settings.first_token_from)
         generate_pb2_grpc.add_GenerationServicer_to_server(servicer, self._server.server)
 
     async def start(self) -> str:

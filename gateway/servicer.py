@@ -15,7 +15,7 @@ from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import request_context, tracer
 from pdmesh.validation import check_prompt, check_sampling
-from pdmesh.v1 import generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import common_pb2, generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
 logger = logging.getLogger(__name__)
@@ -23,11 +23,12 @@ logger = logging.getLogger(__name__)
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     def __init__(self, pool: WorkerPool, tokenizer: PromptTokenizer, request_timeout_s: float,
-                 metrics: MeshMetrics) -> None:
+                 metrics: MeshMetrics, first_token_from: str = "decode") -> None:
         self._pool = pool
         self._tokenizer = tokenizer
         self._request_timeout_s = request_timeout_s
         self._metrics = metrics
+        self._stream_prefill_token = first_token_from == "prefill"
 
     @maps_domain_errors
     async def Generate(self, request: generate_pb2.GenerateRequest, context):
@@ -43,26 +44,45 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                              "pdmesh.route.decode": decode.address})
         prompt_token_ids = self._prompt_token_ids(request, decode.info)
         span.set_attribute("pdmesh.prompt_tokens", len(prompt_token_ids))
-        prefilled = await worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(
-            worker_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=prompt_token_ids),
-            timeout=self._request_timeout_s)
-        decode_request = worker_pb2.DecodeRequest(
-            request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=request.sampling, kv=prefilled.kv)
+        prefilled = await worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(worker_pb2.PrefillRequest(
+            request_id=request_id, prompt_token_ids=prompt_token_ids,
+            sampling=request.sampling if self._stream_prefill_token else None), timeout=self._request_timeout_s)
         timer = TokenTimer(self._metrics)
         num_completion_tokens = 0
-        try:
-            async for chunk in worker_pb2_grpc.DecodeStub(decode.channel).Decode(
-                    decode_request, timeout=self._request_timeout_s):
-                num_completion_tokens += len(chunk.token_ids)
-                timer.on_chunk(len(chunk.token_ids))
-                yield self._response(request_id, chunk, prefill, decode, len(prompt_token_ids),
-                                     num_completion_tokens)
-        except grpc.aio.AioRpcError:
-            await self._pool.release_kv(prefilled.kv)  # decode may never have pulled; don't pin till timeout
-            raise
+        async for chunk in self._chunks(request, request_id, prompt_token_ids, prefilled, decode):
+            num_completion_tokens += len(chunk.token_ids)
+            timer.on_chunk(len(chunk.token_ids))
+            yield self._response(request_id, chunk, prefill, decode, len(prompt_token_ids), num_completion_tokens)
         span.set_attributes({"pdmesh.completion_tokens": num_completion_tokens, **timer.span_attributes()})
         logger.info("request finished: %d prompt + %d completion tokens via %s -> %s", len(prompt_token_ids),
                     num_completion_tokens, prefill.address, decode.address)
+
+    async def _chunks(self, request: generate_pb2.GenerateRequest, request_id: str, prompt_token_ids: list[int],
+                      prefilled: worker_pb2.PrefillResponse, decode: Worker):
+        """Decode's stream; with first_token_from=prefill, prefill's token first and decode continuing
+        from prompt + that token (no last-token recompute on decode, first token before the KV moves)."""
+        decode_prompt, sampling = prompt_token_ids, request.sampling
+        if self._stream_prefill_token:
+            first = worker_pb2.DecodeResponse(token_ids=[prefilled.first_token_id], text=prefilled.first_text)
+            if prefilled.finish_reason == common_pb2.FINISH_REASON_STOP or sampling.max_tokens == 1:
+                first.finish_reason = prefilled.finish_reason
+                await self._pool.release_kv(prefilled.kv)  # no decode will pull it
+                yield first
+                return
+            yield first
+            decode_prompt = [*prompt_token_ids, prefilled.first_token_id]
+            sampling = common_pb2.SamplingParams()
+            sampling.CopyFrom(request.sampling)
+            sampling.max_tokens -= 1
+        decode_request = worker_pb2.DecodeRequest(request_id=request_id, prompt_token_ids=decode_prompt,
+                                                  sampling=sampling, kv=prefilled.kv)
+        try:
+            async for chunk in worker_pb2_grpc.DecodeStub(decode.channel).Decode(
+                    decode_request, timeout=self._request_timeout_s):
+                yield chunk
+        except grpc.aio.AioRpcError:
+            await self._pool.release_kv(prefilled.kv)  # decode may never have pulled; don't pin till timeout
+            raise
 
     @maps_domain_errors
     async def ListModels(self, request, context):

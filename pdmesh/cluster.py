@@ -30,6 +30,7 @@ class LocalCluster:
     num_decode: int = 1
     worker_args: list[str] = field(default_factory=list)   # extra CLI flags for every worker
     telemetry_args: list[str] = field(default_factory=list)  # --telemetry.* flags for every process
+    gateway_args: list[str] = field(default_factory=list)    # extra CLI flags for the gateway
     startup_timeout_s: float = 300.0
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
@@ -88,7 +89,7 @@ class LocalCluster:
     def _spawn_gateway(self) -> _Process:
         args = ["--port", str(self.gateway_port), "--tokenizer", str(self.model_dir),
                 "--prefill_workers", json.dumps(self.prefill_addresses),
-                "--decode_workers", json.dumps(self.decode_addresses), *self.telemetry_args]
+                "--decode_workers", json.dumps(self.decode_addresses), *self.gateway_args, *self.telemetry_args]
         return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
 
     def _spawn(self, name: str, command: list[str]) -> _Process:

@@ -114,6 +114,10 @@ class GatewaySettings(_LayeredSettings):
     decode_workers: list[str] = Field(default_factory=list)
     tokenizer: str = str(DEFAULT_MODEL_DIR)                     # folder with tokenizer.json
     request_timeout_s: float = 300.0
+    # "decode": vLLM's P/D flow, decode samples the first token again (seeded sampling matches a
+    # monolithic engine). "prefill": SGLang's, prefill's token streams at once and decode starts
+    # from prompt + token (earlier first token, no recompute; a new seed stream from token 2 on).
+    first_token_from: Literal["decode", "prefill"] = "decode"
     ready_file: Path | None = None
     exit_with_parent: bool = False
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

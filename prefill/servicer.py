@@ -7,14 +7,16 @@ import logging
 from pdmesh.connector.params import handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.sampling import finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import request_context, tracer
 from pdmesh.validation import check_prompt
-from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 
 logger = logging.getLogger(__name__)
+GREEDY = common_pb2.SamplingParams(max_tokens=1, temperature=0.0)
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
@@ -36,21 +38,23 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             return response
 
     async def _prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
-        from vllm import SamplingParams
-
         if not request.request_id:
             raise InvalidRequest("request_id is required")
         prompt_token_ids = list(request.prompt_token_ids)
         check_prompt(prompt_token_ids, self._info.max_model_len, self._info.vocab_size)
-        sampling = SamplingParams(max_tokens=1, temperature=0.0,
-                                  extra_args={"kv_transfer_params": prefill_params(request.request_id)})
+        # Greedy unless the gateway streams this token itself (then with the request's params).
+        sampling = request.sampling if request.HasField("sampling") else GREEDY
+        vllm_sampling = to_vllm_sampling(sampling, prefill_params(request.request_id), max_tokens=1)
         timer = TokenTimer(self._metrics)
-        final = None
-        async for output in self._engine.generate({"prompt_token_ids": prompt_token_ids}, sampling,
+        token_ids, pieces, final = [], [], None
+        async for output in self._engine.generate({"prompt_token_ids": prompt_token_ids}, vllm_sampling,
                                                   request_id=request.request_id):
-            timer.on_chunk(len(output.outputs[0].token_ids))
+            completion = output.outputs[0]
+            timer.on_chunk(len(completion.token_ids))
+            token_ids += completion.token_ids
+            pieces.append(completion.text)
             final = output
-        if final is None or not final.kv_transfer_params:
+        if final is None or not final.kv_transfer_params or not token_ids:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
         num_cached = final.num_cached_tokens or 0
         self._record_tokens(len(prompt_token_ids), num_cached)
@@ -59,6 +63,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             kv=handle_from_params(final.kv_transfer_params, self._info.compat),
             num_computed_tokens=len(prompt_token_ids) - num_cached,
             num_cached_tokens=num_cached,
+            first_token_id=token_ids[0],
+            first_text="".join(pieces),
+            finish_reason=finish_reason_of(final.outputs[0].finish_reason),
         )
 
     def _record_tokens(self, num_prompt_tokens: int, num_cached: int) -> None:

@@ -18,16 +18,26 @@ class HeldTransfer:
 
 
 class HeldTransfers:
-    """Thread-safe: the engine thread registers and collects, gRPC threads wait and release."""
+    """Thread-safe: the engine thread registers and collects, gRPC threads wait and release.
 
-    def __init__(self) -> None:
+    The engine registers a transfer one step after the request finished, so a consumer that
+    needs nothing (a full local prefix hit) can release it before it is held: such an early
+    release is remembered until `early_release_ttl_s` and applied when the hold arrives.
+    """
+
+    def __init__(self, early_release_ttl_s: float = 300.0) -> None:
         self._cond = threading.Condition()
         self._held: dict[str, HeldTransfer] = {}
         self._finished: set[str] = set()
+        self._released_early: dict[str, float] = {}  # transfer id: forget after this monotonic time
+        self._early_release_ttl_s = early_release_ttl_s
         self._num_expired = 0
 
     def hold(self, transfer: HeldTransfer) -> None:
         with self._cond:
+            if self._released_early.pop(transfer.transfer_id, None) is not None:
+                self._finished.add(transfer.transfer_id)
+                return
             self._held[transfer.transfer_id] = transfer
             self._cond.notify_all()
 
@@ -40,8 +50,11 @@ class HeldTransfers:
             return self._held[transfer_id]
 
     def release(self, transfer_id: str) -> bool:
+        """True when it freed a held transfer; False when it was not held (yet, or any more)."""
         with self._cond:
             if self._held.pop(transfer_id, None) is None:
+                if transfer_id not in self._finished:
+                    self._released_early[transfer_id] = time.monotonic() + self._early_release_ttl_s
                 return False
             self._finished.add(transfer_id)
             return True
@@ -53,6 +66,8 @@ class HeldTransfers:
             expired = [tid for tid, held in self._held.items() if held.deadline <= now]
             for transfer_id in expired:
                 del self._held[transfer_id]
+            for transfer_id in [tid for tid, until in self._released_early.items() if until <= now]:
+                del self._released_early[transfer_id]
             self._num_expired += len(expired)
             finished, self._finished = self._finished | set(expired), set()
             return finished

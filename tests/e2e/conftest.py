@@ -4,6 +4,7 @@ vLLM reference outputs for the same prompts, computed before the cluster starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
@@ -13,7 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gateway.server import Gateway
 from pdmesh.cluster import LocalCluster
+from pdmesh.config import GatewaySettings
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.otlp_receiver import OtlpReceiver
 
@@ -27,6 +30,7 @@ TEXT_PROMPTS = ["Hello world, the kalo mine is ready.", "A", "Quexst tamira lode
                 " leading space and trailing space "]
 SEEDED = {"max_tokens": 16, "temperature": 0.8, "top_p": 0.9, "seed": 1234}
 HOLD_TIMEOUT_S = 8.0  # prefill frees KV no decode released after this long
+ABANDONED_TRANSFERS: list[str] = []  # request ids whose KV a test leaves to expire on purpose
 LOST_KV_PROMPT = [0] + [(i * 37 + 11) % 1000 + 3 for i in range(99)]
 
 
@@ -79,7 +83,7 @@ def cluster(tiny_llama_dir, reference, otlp_receiver, tmp_path_factory):
                       worker_args=["--hold_timeout_s", str(HOLD_TIMEOUT_S)],
                       telemetry_args=telemetry_flags(otlp_receiver.endpoint)) as running:
         yield running
-        assert_nothing_pinned(running, num_expired=1)  # test_mesh_errors abandons one transfer on purpose
+        assert_nothing_pinned(running, num_expired=len(ABANDONED_TRANSFERS))
 
 
 def assert_nothing_pinned(cluster: LocalCluster, num_expired: int = 0) -> None:
@@ -92,3 +96,16 @@ def assert_nothing_pinned(cluster: LocalCluster, num_expired: int = 0) -> None:
 async def worker_stats(address: str) -> worker_pb2.WorkerStats:
     async with grpc.aio.insecure_channel(address) as channel:
         return await worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest())
+
+
+@contextlib.asynccontextmanager
+async def in_process_gateway(cluster: LocalCluster, tokenizer_dir: Path, **settings):
+    """A second gateway (here, in the test's process) in front of the cluster's workers."""
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=cluster.prefill_addresses,
+                                      decode_workers=cluster.decode_addresses, tokenizer=str(tokenizer_dir),
+                                      **settings))
+    address = await gateway.start()
+    try:
+        yield address
+    finally:
+        await gateway.stop(0)

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from pdmesh.client import generate, make_request
-from tests.e2e.conftest import BLOCK_SIZE, MAX_TOKENS, PROMPT_LENGTHS, SEEDED, TEXT_PROMPTS, token_prompts, \
-    worker_stats
+from tests.e2e.conftest import BLOCK_SIZE, MAX_TOKENS, PROMPT_LENGTHS, SEEDED, TEXT_PROMPTS, in_process_gateway, \
+    token_prompts, worker_stats
 
 pytestmark = pytest.mark.vllm
 BLOCK_NBYTES = 4 * 2 * 32 * 128 * 4  # layers * (K,V) * block_size * (kv_heads * head_dim) * fp32
@@ -80,3 +80,13 @@ async def test_repeated_prompt_pulls_only_what_decode_does_not_cache(cluster, re
     assert first.transfer.num_blocks == 4
     assert second.transfer.num_blocks == 1  # 3 full blocks hit decode's own prefix cache; the tail moves
     assert second.transfer.num_cached_tokens == 100
+
+
+async def test_first_token_from_prefill_gives_the_same_greedy_tokens(cluster, reference, tiny_llama_dir):
+    """SGLang's flow: prefill's own token streams first, decode continues from prompt + token."""
+    expected = reference["runs"][0]["token_ids"]
+    async with in_process_gateway(cluster, tiny_llama_dir, first_token_from="prefill") as address:
+        for prompt, want in zip(token_prompts(), expected):
+            token_ids, _, last = await generate(address, make_request(prompt, max_tokens=MAX_TOKENS))
+            assert token_ids == want, f"prompt of {len(prompt)} tokens diverged"
+            assert last.usage.completion_tokens == len(want)

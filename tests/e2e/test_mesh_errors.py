@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdmesh.client import generate, make_request
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import HOLD_TIMEOUT_S, LOST_KV_PROMPT, MAX_TOKENS, token_prompts, worker_stats
+from tests.e2e.conftest import ABANDONED_TRANSFERS, HOLD_TIMEOUT_S, LOST_KV_PROMPT, MAX_TOKENS, token_prompts, worker_stats
 
 pytestmark = pytest.mark.vllm
 
@@ -94,6 +94,7 @@ async def test_kv_no_decode_ever_pulls_is_freed_at_the_hold_deadline(cluster):
         response = await worker_pb2_grpc.PrefillStub(channel).Prefill(
             worker_pb2.PrefillRequest(request_id="abandoned-1", prompt_token_ids=[0] + list(range(700, 740))))
     assert len(response.kv.block_ids) == 2
+    ABANDONED_TRANSFERS.append("abandoned-1")
     await asyncio.sleep(1.0)
     assert (await worker_stats(cluster.prefill_addresses[0])).num_held_transfers == before.num_held_transfers + 1
     await asyncio.sleep(HOLD_TIMEOUT_S + 1.0)

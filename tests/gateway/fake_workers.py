@@ -25,6 +25,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.info = info(role, compat)
         self.kv_address = kv_address
         self.fail_decode = fail_decode
+        self.prefill_finish = common_pb2.FINISH_REASON_LENGTH  # of prefill's one-token generation
         self.requests: list = []
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
@@ -39,7 +40,8 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.requests.append(request)
         return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
             transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
-            num_tokens=len(request.prompt_token_ids), compat=self.info.compat))
+            num_tokens=len(request.prompt_token_ids), compat=self.info.compat),
+            first_token_id=777, first_text="<777>", finish_reason=self.prefill_finish)
 
     async def Decode(self, request, context):
         self.requests.append(request)

@@ -16,13 +16,14 @@ from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from tests.gateway.fake_workers import COMPAT, FakeWorker
 
 
-async def _start(tiny_llama_dir, decode_compat=COMPAT, kv_address="127.0.0.1:1", fail_decode=False):
+async def _start(tiny_llama_dir, decode_compat=COMPAT, kv_address="127.0.0.1:1", fail_decode=False,
+                 first_token_from="decode"):
     prefill = FakeWorker("prefill", kv_address=kv_address)
     decode = FakeWorker("decode", decode_compat, fail_decode=fail_decode)
     prefill_address = await prefill.server.start("127.0.0.1", 0)
     decode_address = await decode.server.start("127.0.0.1", 0)
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
-                                      tokenizer=str(tiny_llama_dir)))
+                                      tokenizer=str(tiny_llama_dir), first_token_from=first_token_from))
     return gateway, await gateway.start(), prefill, decode
 
 
@@ -142,3 +143,51 @@ async def test_failed_decode_releases_the_prefill_kv_at_once(tiny_llama_dir):
         await prefill.server.stop(0)
         await decode.server.stop(0)
         kv_server.stop(0)
+
+
+@pytest.fixture
+def held_kv_server():
+    held = HeldTransfers()
+    server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_id: memoryview(b"")), "127.0.0.1", 0)
+    yield held, server.address
+    server.stop(0)
+
+
+async def _stop(gateway, prefill, decode):
+    await gateway.stop(0)
+    await prefill.server.stop(0)
+    await decode.server.stop(0)
+
+
+async def test_first_token_from_prefill_streams_it_and_decode_continues_after_it(tiny_llama_dir):
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, first_token_from="prefill")
+    try:
+        token_ids, text, last = await generate(address, make_request([0, 7, 9], max_tokens=3, request_id="r2"))
+        assert prefill.requests[0].sampling.max_tokens == 3  # prefill samples with the request's params
+        (decode_request,) = decode.requests
+        assert list(decode_request.prompt_token_ids) == [0, 7, 9, 777]
+        assert decode_request.sampling.max_tokens == 2
+        assert (token_ids, text) == ([777, 0, 7], "<777><0><7>")
+        assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (3, 3)
+    finally:
+        await _stop(gateway, prefill, decode)
+
+
+@pytest.mark.parametrize("max_tokens, prefill_finish", [
+    (1, common_pb2.FINISH_REASON_LENGTH),
+    (5, common_pb2.FINISH_REASON_STOP),  # prefill's token was EOS or hit a stop string
+])
+async def test_prefill_token_that_ends_the_request_skips_decode_and_frees_the_kv(
+        tiny_llama_dir, held_kv_server, max_tokens, prefill_finish):
+    held, kv_address = held_kv_server
+    held.hold(HeldTransfer("t-r3", (0,), (b"",), deadline=1e18))
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, kv_address=kv_address,
+                                                     first_token_from="prefill")
+    prefill.prefill_finish = prefill_finish
+    try:
+        token_ids, _, last = await generate(address, make_request([0, 5], max_tokens=max_tokens, request_id="r3"))
+        assert (token_ids, last.finish_reason, last.usage.completion_tokens) == ([777], prefill_finish, 1)
+        assert decode.requests == []
+        assert held.take_finished() == {"t-r3"}
+    finally:
+        await _stop(gateway, prefill, decode)

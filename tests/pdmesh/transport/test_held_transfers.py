@@ -21,6 +21,22 @@ def test_release_finishes_a_transfer_once():
     assert held.num_held == 0
 
 
+def test_a_release_that_arrives_before_the_hold_frees_it_on_arrival():
+    held = HeldTransfers()
+    assert held.release("early") is False
+    held.hold(_held("early"))
+    assert held.num_held == 0
+    assert held.take_finished() == {"early"}
+
+
+def test_early_releases_are_forgotten_after_their_ttl():
+    held = HeldTransfers(early_release_ttl_s=10.0)
+    held.release("never-held")
+    held.take_finished(now=1e12)  # far past the ttl
+    held.hold(_held("never-held"))
+    assert held.num_held == 1
+
+
 def test_transfers_past_their_deadline_are_freed_and_counted():
     held = HeldTransfers()
     held.hold(_held("old", deadline=10.0))

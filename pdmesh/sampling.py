@@ -1,9 +1,10 @@
-"""Proto sampling params to vLLM's, with the connector's KV handle attached."""
+"""Proto sampling params to vLLM's (shared by both workers; vLLM is imported on call)."""
 
 from __future__ import annotations
 
-from pdmesh.connector.params import decode_params
-from pdmesh.v1 import common_pb2, worker_pb2
+from typing import Any
+
+from pdmesh.v1 import common_pb2
 
 FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -12,18 +13,22 @@ FINISH_REASONS = {
 }
 
 
-def to_vllm_sampling(request: worker_pb2.DecodeRequest, trace_carrier: dict[str, str] | None = None):
+def finish_reason_of(vllm_reason: str | None) -> int:
+    return FINISH_REASONS.get(vllm_reason or "", common_pb2.FINISH_REASON_UNSPECIFIED)
+
+
+def to_vllm_sampling(sampling: common_pb2.SamplingParams, kv_transfer_params: dict[str, Any],
+                     max_tokens: int | None = None):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    sampling = request.sampling
     return SamplingParams(
-        max_tokens=sampling.max_tokens,
+        max_tokens=sampling.max_tokens if max_tokens is None else max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p or 1.0,
         seed=sampling.seed if sampling.HasField("seed") else None,
         stop=list(sampling.stop) or None,
         ignore_eos=sampling.ignore_eos,
         output_kind=RequestOutputKind.DELTA,
-        extra_args={"kv_transfer_params": decode_params(request.request_id, request.kv, trace_carrier)},
+        extra_args={"kv_transfer_params": kv_transfer_params},
     )
