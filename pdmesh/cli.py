@@ -51,7 +51,8 @@ def _up(args: argparse.Namespace) -> int:
     print(f"starting gateway + {args.prefill} prefill + {args.decode} decode on {model_dir} (logs: {run_dir})",
           flush=True)
     with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill,
-                      num_decode=args.decode, telemetry_args=_telemetry_flags(args)) as cluster:
+                      num_decode=args.decode, telemetry_args=_telemetry_flags(args),
+                      gateway_args=["--first_token_from", args.first_token_from]) as cluster:
         print(f"gateway {cluster.gateway_address}; prefill {cluster.prefill_addresses}; "
               f"decode {cluster.decode_addresses}", flush=True)
         print("metrics " + ", ".join(f"{name} http://{address}/metrics"
@@ -95,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--run-dir", default=None)
     up.add_argument("--exit-after-demo", action="store_true")
     up.add_argument("--otlp-endpoint", default=None, help="export traces to this OTLP/gRPC collector (host:port)")
+    up.add_argument("--first-token-from", choices=["decode", "prefill"], default="decode",
+                    help="decode: vLLM's P/D flow; prefill: SGLang's (prefill's token streams at once)")
     up.set_defaults(func=_up)
 
     gen = sub.add_parser("generate", help="send a prompt to a gateway and print the streamed text")
