@@ -104,6 +104,11 @@ class WorkerSettings(_LayeredSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
+    @property
+    def kv_host_for_peers(self) -> str:
+        """The host decode workers dial for this worker's KV (kv_advertise_host, else kv_host)."""
+        return self.kv_advertise_host or self.kv_host
+
 
 class GatewaySettings(_LayeredSettings):
     model_config = SettingsConfigDict(env_prefix="PDMESH_GATEWAY_", env_nested_delimiter="__")

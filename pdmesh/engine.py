@@ -33,7 +33,7 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {
             "kv_host": settings.kv_host,
-            "kv_advertise_host": settings.kv_advertise_host or settings.kv_host,
+            "kv_advertise_host": settings.kv_host_for_peers,
             "kv_port": kv_port,
             "hold_timeout_s": settings.hold_timeout_s,
             "pull_timeout_s": settings.pull_timeout_s,
