@@ -43,24 +43,23 @@ async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> 
 
 
 async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: AddServicer) -> None:
-    from pdmesh.telemetry.engine_stats import ConnectorCounterPoller, stat_logger_factory
+    from pdmesh.telemetry.engine_stats import ConnectorCounterSync, stat_logger_factory
 
     provider = setup_tracing(settings.telemetry, f"pdmesh-{settings.role}")
     metrics = MeshMetrics(settings.role)
     block_nbytes_holder: list[int] = []
     kv_port = settings.kv_port or free_port(settings.kv_host)
     engine = build_worker_engine(settings, kv_port, [stat_logger_factory(metrics, block_nbytes_holder)])
-    poller = ConnectorCounterPoller(engine, metrics)
     try:
-        advertise_host = settings.kv_advertise_host or settings.kv_host
-        info = await describe_worker(settings, engine, f"{advertise_host}:{kv_port}")
+        info = await describe_worker(settings, engine, f"{settings.kv_host_for_peers}:{kv_port}")
         block_nbytes_holder.append(info.compat.block_nbytes)
         server = AioServer([service_name, "pdmesh.v1.WorkerInfo"])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
         add_servicer(server, engine, info, metrics)
         metrics_address = _serve_metrics(settings, metrics)
         address = await server.start(settings.host, settings.port)
-        poller.start()
+        if metrics_address and settings.role == "prefill":  # only a producer's engine counts bytes sent
+            ConnectorCounterSync(engine, metrics).attach(asyncio.get_running_loop())
         metrics.healthy.labels(settings.role).set(1)
         logger.info("%s worker serving on %s (KV %s, metrics %s)", settings.role, address, info.kv_address or "-",
                     metrics_address or "off")
@@ -70,7 +69,6 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
         metrics.healthy.labels(settings.role).set(0)
         await server.stop()
     finally:
-        await poller.stop()
         engine.shutdown()
         shutdown_tracing(provider)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 GBPS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 100.0)
@@ -17,6 +16,10 @@ class MeshMetrics:
         self.role = role
         self.registry = CollectorRegistry()
         r = self.registry
+        # Registered first: the registry collects in registration order, so these callbacks
+        # refresh values pulled from elsewhere before the metrics below are read.
+        self._scrape_hooks = _ScrapeHooks()
+        r.register(self._scrape_hooks)
         self.requests = Counter("pdmesh_requests", "Requests finished, by gRPC status", ["role", "status"],
                                 registry=r)
         self.in_flight = Gauge("pdmesh_requests_in_flight", "Requests being served now", ["role"], registry=r)
@@ -51,20 +54,19 @@ class MeshMetrics:
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return f"{host}:{server.server_port}"
 
-    def add_counter_source(self, name: str, doc: str, read: Callable[[], dict[str, float]]) -> None:
-        """Exports counters another process keeps (read from its last snapshot at scrape time)."""
-        self.registry.register(_SnapshotCounters(name, doc, self.role, read))
+    def on_scrape(self, callback: Callable[[], None]) -> None:
+        """Runs callback at the start of every scrape (from the HTTP server's thread)."""
+        self._scrape_hooks.callbacks.append(callback)
 
 
-class _SnapshotCounters:
-    def __init__(self, name: str, doc: str, role: str, read: Callable[[], dict[str, float]]) -> None:
-        self._name, self._doc, self._role, self._read = name, doc, role, read
+class _ScrapeHooks:
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
 
     def collect(self):
-        family = CounterMetricFamily(self._name, self._doc, labels=["role", "counter"])
-        for counter, value in sorted(self._read().items()):
-            family.add_metric([self._role, counter], value)
-        yield family
+        for callback in self.callbacks:
+            callback()
+        return []
 
     def describe(self):
         return []

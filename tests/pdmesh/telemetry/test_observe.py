@@ -43,3 +43,14 @@ def test_metrics_endpoint_serves_the_registry():
     address = metrics.serve("127.0.0.1", 0)
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
     assert 'pdmesh_worker_healthy{role="prefill"} 1.0' in text
+
+
+def test_scrape_hooks_run_before_the_metrics_are_read():
+    import urllib.request
+
+    metrics = MeshMetrics("prefill")
+    metrics.on_scrape(lambda: metrics.kv_bytes.labels("prefill", "sent", "grpc").inc(5))
+    address = metrics.serve("127.0.0.1", 0)
+    for expected in (5.0, 10.0):
+        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+        assert f'pdmesh_kv_transfer_bytes_total{{direction="sent",role="prefill",transport="grpc"}} {expected}' in text
