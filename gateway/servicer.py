@@ -52,7 +52,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         async for chunk in self._chunks(request, request_id, prompt_token_ids, prefilled, decode):
             num_completion_tokens += len(chunk.token_ids)
             timer.on_chunk(len(chunk.token_ids))
-            yield self._response(request_id, chunk, prefill, decode, len(prompt_token_ids), num_completion_tokens)
+            yield self._response(request_id, chunk, prefill, decode, prefilled, len(prompt_token_ids),
+                                 num_completion_tokens)
         span.set_attributes({"pdmesh.completion_tokens": num_completion_tokens, **timer.span_attributes()})
         logger.info("request finished: %d prompt + %d completion tokens via %s -> %s", len(prompt_token_ids),
                     num_completion_tokens, prefill.address, decode.address)
@@ -106,13 +107,18 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     @staticmethod
     def _response(request_id: str, chunk: worker_pb2.DecodeResponse, prefill: Worker, decode: Worker,
-                  num_prompt_tokens: int, num_completion_tokens: int) -> generate_pb2.GenerateResponse:
+                  prefilled: worker_pb2.PrefillResponse, num_prompt_tokens: int,
+                  num_completion_tokens: int) -> generate_pb2.GenerateResponse:
         response = generate_pb2.GenerateResponse(request_id=request_id, token_ids=chunk.token_ids, text=chunk.text)
         if chunk.finish_reason:
             response.finish_reason = chunk.finish_reason
             response.usage.prompt_tokens = num_prompt_tokens
             response.usage.completion_tokens = num_completion_tokens
             response.usage.total_tokens = num_prompt_tokens + num_completion_tokens
+            response.usage.cached_prompt_tokens = prefilled.num_cached_tokens
+            response.transfer.prefill_computed_tokens = prefilled.num_computed_tokens
+            response.transfer.prefill_cached_tokens = prefilled.num_cached_tokens
+            response.transfer.prefill_store_tokens.update(prefilled.kv_store_tokens)
             response.transfer.num_blocks = chunk.kv_blocks_received
             response.transfer.num_bytes = chunk.kv_bytes_received
             response.transfer.seconds = chunk.kv_seconds

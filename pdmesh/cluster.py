@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def core_of(role: str, index: int, num_cores: int) -> int:
+    """Prefill workers share the lower half of the cores, decode workers the upper half: an engine
+    spin-waits (OpenMP) on its core, and a decode sharing a core with the prefill it pulls from
+    starves that prefill's KV server (2 cores: every prefill on core 0, every decode on core 1)."""
+    num_prefill_cores = max(1, num_cores // 2)
+    if role == "prefill":
+        return index % num_prefill_cores
+    return num_prefill_cores + index % max(1, num_cores - num_prefill_cores) if num_cores > 1 else 0
+
+
 @dataclass
 class _Process:
     name: str
@@ -31,6 +41,7 @@ class LocalCluster:
     worker_args: list[str] = field(default_factory=list)   # extra CLI flags for every worker
     telemetry_args: list[str] = field(default_factory=list)  # --telemetry.* flags for every process
     gateway_args: list[str] = field(default_factory=list)    # extra CLI flags for the gateway
+    store_dir: Path | None = None   # each prefill worker's KV store keeps its NVMe tier in a folder under it
     startup_timeout_s: float = 300.0
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
@@ -42,8 +53,9 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            workers = [self._spawn_worker("prefill", i, i) for i in range(self.num_prefill)]
-            workers += [self._spawn_worker("decode", i, self.num_prefill + i) for i in range(self.num_decode)]
+            workers = [self._spawn_worker(role, i) for role, count in (("prefill", self.num_prefill),
+                                                                       ("decode", self.num_decode))
+                       for i in range(count)]
             ready = [self._wait_ready(p) for p in workers]
             self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
             self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]
@@ -80,10 +92,12 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _spawn_worker(self, role: str, index: int, core_index: int) -> _Process:
-        core = core_index % (os.cpu_count() or 1)
+    def _spawn_worker(self, role: str, index: int) -> _Process:
+        core = core_of(role, index, os.cpu_count() or 1)
         args = ["--port", "0", "--engine.model", str(self.model_dir),
                 "--engine.omp_threads_bind", str(core), *self.worker_args, *self.telemetry_args]
+        if role == "prefill" and self.store_dir is not None:
+            args += ["--store.nvme_dir", str(self.store_dir / f"{role}-{index}")]
         return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args])
 
     def _spawn_gateway(self) -> _Process:

@@ -41,6 +41,23 @@ class TelemetrySettings(BaseModel):
     log_format: Literal["text", "json"] = "text"
 
 
+class StoreSettings(BaseModel):
+    """A prefill worker's tiered KV store (device → DRAM → NVMe) and the shared Redis index.
+    A tier with 0 bytes is left out; NVMe also needs a directory of its own per worker."""
+
+    enabled: bool = True
+    device_bytes: int = 64 << 20          # accelerator buffer pool (host memory on the CPU target)
+    dram_bytes: int = 256 << 20           # host slab (pinned where the device supports it)
+    nvme_bytes: int = 1 << 30
+    nvme_dir: Path | None = None          # one file per block; blocks survive a restart
+    nvme_fsync: bool = True               # crash-safe writes (tests of eviction order may turn it off)
+    redis_url: str | None = None          # e.g. redis://127.0.0.1:6379/0; None: no cross-worker reuse
+    redis_password: str | None = None
+    index_ttl_s: int = 3600               # index entries of a node that stops refreshing them expire
+    lookup_timeout_s: float = 1.0         # the scheduler's lookup; on timeout the prompt is computed
+    fetch_timeout_s: float = 10.0         # a fetch from another node's store
+
+
 class _LayeredSettings(BaseSettings):
     """Adds a config file (path in `config_file`, from env or CLI) below env and CLI."""
 
@@ -102,6 +119,7 @@ class WorkerSettings(_LayeredSettings):
     ready_file: Path | None = None     # written with {"address": ...} once serving
     exit_with_parent: bool = False     # stop when the launching process dies (local clusters, tests)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)   # prefill only
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
     @property

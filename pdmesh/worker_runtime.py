@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 from pdmesh.config import WorkerSettings
 from pdmesh.engine import build_worker_engine, free_port
+from pdmesh.errors import Incompatible
+from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_ready_file
 from pdmesh.telemetry.logs import configure_logging
 from pdmesh.telemetry.metrics import MeshMetrics
@@ -30,6 +32,13 @@ class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServicer):
     async def GetStats(self, request, context):
         counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
         return worker_pb2.WorkerStats(**counters)
+
+    @maps_domain_errors
+    async def SpillKV(self, request, context):
+        moved = (await self._engine.collective_rpc("pdmesh_store_spill", args=(request.tier,)))[0]
+        if moved is None:
+            raise Incompatible(f"this worker has no KV store tier {request.tier!r}")
+        return worker_pb2.SpillKVResponse(num_blocks_moved=moved)
 
 
 async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> worker_pb2.WorkerInfoResponse:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from pdmesh.connector.params import handle_from_params, prefill_params
+from pdmesh.connector.params import LOADED_FROM_STORE, handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.sampling import finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
-from pdmesh.telemetry.tracing import request_context, tracer
+from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
 from pdmesh.validation import check_prompt
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -32,9 +32,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             response = await self._prefill(request)
             span.set_attributes({"pdmesh.tokens_computed": response.num_computed_tokens,
                                  "pdmesh.tokens_reused": response.num_cached_tokens,
-                                 "pdmesh.kv_blocks": len(response.kv.block_ids)})
-            logger.info("prefill finished: %d tokens computed, %d cached", response.num_computed_tokens,
-                        response.num_cached_tokens)
+                                 "pdmesh.kv_blocks": len(response.kv.block_ids),
+                                 **{f"pdmesh.kvstore.tokens.{t}": n for t, n in response.kv_store_tokens.items()}})
+            logger.info("prefill finished: %d tokens computed, %d cached (store: %s)", response.num_computed_tokens,
+                        response.num_cached_tokens, dict(response.kv_store_tokens) or "-")
             return response
 
     async def _prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
@@ -44,7 +45,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         check_prompt(prompt_token_ids, self._info.max_model_len, self._info.vocab_size)
         # Greedy unless the gateway streams this token itself (then with the request's params).
         sampling = request.sampling if request.HasField("sampling") else GREEDY
-        vllm_sampling = to_vllm_sampling(sampling, prefill_params(request.request_id), max_tokens=1)
+        vllm_sampling = to_vllm_sampling(sampling, prefill_params(request.request_id, inject_carrier()), max_tokens=1)
         timer = TokenTimer(self._metrics)
         token_ids, pieces, final = [], [], None
         async for output in self._engine.generate({"prompt_token_ids": prompt_token_ids}, vllm_sampling,
@@ -56,21 +57,39 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             final = output
         if final is None or not final.kv_transfer_params or not token_ids:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
-        num_cached = final.num_cached_tokens or 0
-        self._record_tokens(len(prompt_token_ids), num_cached)
+        store_tokens = await self._store_tokens(request.request_id, final.kv_transfer_params)
+        # vLLM counts the tokens claimed from the store as cached even when a load failed and
+        # they were computed after all: keep only those that loaded.
+        num_cached = (final.num_cached_tokens or 0) - store_tokens.pop("claimed", 0) + sum(store_tokens.values())
+        self._record_tokens(len(prompt_token_ids), num_cached, store_tokens)
         return worker_pb2.PrefillResponse(
             request_id=request.request_id,
             kv=handle_from_params(final.kv_transfer_params, self._info.compat),
             num_computed_tokens=len(prompt_token_ids) - num_cached,
             num_cached_tokens=num_cached,
+            kv_store_tokens=store_tokens,
             first_token_id=token_ids[0],
             first_text="".join(pieces),
             finish_reason=finish_reason_of(final.outputs[0].finish_reason),
         )
 
-    def _record_tokens(self, num_prompt_tokens: int, num_cached: int) -> None:
+    async def _store_tokens(self, request_id: str, kv_params: dict) -> dict[str, int]:
+        """Prompt tokens loaded from the KV store by tier, plus "claimed": all it planned to load."""
+        if not kv_params.get(LOADED_FROM_STORE):
+            return {}
+        stats = (await self._engine.collective_rpc("pdmesh_store_stats", args=(request_id,)))[0]
+        if not stats:
+            return {}
+        block_size = self._info.compat.block_size
+        claimed = (stats["num_blocks"] + stats["num_failed_blocks"]) * block_size
+        return {**stats["tokens_by_tier"], "claimed": claimed}
+
+    def _record_tokens(self, num_prompt_tokens: int, num_cached: int, store_tokens: dict[str, int]) -> None:
         role = self._metrics.role
         self._metrics.prefill_tokens.labels(role, "computed").inc(num_prompt_tokens - num_cached)
         self._metrics.prefill_tokens.labels(role, "cached").inc(num_cached)
         self._metrics.cache_query_tokens.labels(role).inc(num_prompt_tokens)
-        self._metrics.cache_hit_tokens.labels(role, "device").inc(num_cached)
+        # "device" is the engine's own prefix cache; the store's device tier is "store_device".
+        self._metrics.cache_hit_tokens.labels(role, "device").inc(num_cached - sum(store_tokens.values()))
+        for tier, num_tokens in store_tokens.items():
+            self._metrics.cache_hit_tokens.labels(role, f"store_{tier}").inc(num_tokens)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pdmesh.models.tiny import ensure_deepseek_v2, ensure_llama
+from tests.redis_server import RedisServer
 
 TEST_MODELS_DIR = Path(os.environ.get("PDMESH_TEST_MODELS_DIR", Path.home() / ".cache" / "pdmesh" / "test-models"))
 
@@ -33,3 +34,11 @@ def no_thread_leak():
         thread.join(timeout=2.0)
     leaked = [t.name for t in new if t.is_alive()]
     assert not leaked, f"threads left running: {leaked}"
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server with a password, on a free loopback port; stopped after the test."""
+    server = RedisServer(tmp_path, password="s3cret").start()
+    yield server
+    server.stop()

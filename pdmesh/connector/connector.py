@@ -17,7 +17,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from pdmesh.connector.metadata import PDMeshConnectorMetadata
 from pdmesh.connector.scheduler_side import ConnectorScheduler
-from pdmesh.config import TelemetrySettings
+from pdmesh.config import StoreSettings, TelemetrySettings
+from pdmesh.connector.store_lookup import StoreLookup
 from pdmesh.connector.worker_side import ConnectorWorker
 
 if TYPE_CHECKING:
@@ -39,16 +40,21 @@ class PDMeshConnector(KVConnectorBase_V1):
         kv_port = int(extra.get("kv_port", 0))
         self._scheduler: ConnectorScheduler | None = None
         self._worker: ConnectorWorker | None = None
+        store = StoreSettings(**extra["store"]) if extra.get("store") else None
         if role == KVConnectorRole.SCHEDULER:
             advertise_host = str(extra.get("kv_advertise_host", kv_host))
-            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}")
+            local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
+            lookup = (StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s)
+                      if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
+            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup)
         else:
             self._worker = ConnectorWorker(
                 model=vllm_config.model_config.model, block_size=block_size,
                 is_producer=self._kv_transfer_config.is_kv_producer, kv_host=kv_host, kv_port=kv_port,
                 hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
                 pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
-                telemetry=TelemetrySettings(**(extra.get("telemetry") or {})))
+                telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
+                store=store, kv_advertise_host=extra.get("kv_advertise_host"))
 
     @property
     def worker(self) -> ConnectorWorker:

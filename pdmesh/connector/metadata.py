@@ -14,6 +14,9 @@ class SendTask:
     transfer_id: str
     block_ids: list[int]
     token_ids: list[int]   # the tokens the blocks hold, for content hashes
+    extra_key: bytes = b""  # the request's cache salt: part of the store's block hashes
+    pdmesh_request_id: str = ""
+    trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kvstore.save span
 
 
 @dataclass
@@ -33,6 +36,22 @@ class RecvTask:
 
 
 @dataclass
+class StoreLoadTask:
+    """Producer with a KV store: blocks of the prompt to load from the store (local tiers or
+    another node's) instead of computing them."""
+
+    request_id: str
+    pdmesh_request_id: str
+    token_ids: list[int]          # the prompt's tokens up to the end of the last block to load
+    extra_key: bytes
+    block_indexes: list[int]      # block positions in the prompt to load
+    local_block_ids: list[int]    # where each goes, aligned with block_indexes
+    nodes: list[str]              # where each comes from ("" = this node), aligned with block_indexes
+    trace_carrier: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class PDMeshConnectorMetadata(KVConnectorMetadata):
     sends: list[SendTask] = field(default_factory=list)
     recvs: list[RecvTask] = field(default_factory=list)
+    loads: list[StoreLoadTask] = field(default_factory=list)

@@ -36,6 +36,10 @@ class PagedKVCache:
         return str(self._layers[0].tensor.dtype).removeprefix("torch.")
 
     @property
+    def device(self) -> str:
+        return str(self._layers[0].tensor.device)
+
+    @property
     def layout(self) -> str:
         first = self._layers[0]
         return f"block_dim={first.block_dim};shape={tuple(first.tensor.shape)};device={first.tensor.device.type}"

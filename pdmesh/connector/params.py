@@ -14,11 +14,12 @@ from pdmesh.v1 import common_pb2
 DO_REMOTE_DECODE = "do_remote_decode"
 DO_REMOTE_PREFILL = "do_remote_prefill"
 PDMESH_REQUEST_ID = "pdmesh_request_id"
-TRACE_CARRIER = "pdmesh_trace"  # W3C traceparent + baggage of the decode span, for the kv.transfer span
+TRACE_CARRIER = "pdmesh_trace"  # W3C traceparent + baggage of the calling span, for the engine-side spans
+LOADED_FROM_STORE = "pdmesh_loaded_from_store"  # prefill handle: some prompt blocks came from the KV store
 
 
-def prefill_params(request_id: str) -> dict[str, Any]:
-    return {DO_REMOTE_DECODE: True, PDMESH_REQUEST_ID: request_id}
+def prefill_params(request_id: str, trace_carrier: dict[str, str] | None = None) -> dict[str, Any]:
+    return {DO_REMOTE_DECODE: True, PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
 
 
 def decode_params(request_id: str, handle: common_pb2.KVHandle,

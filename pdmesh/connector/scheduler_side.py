@@ -11,7 +11,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pdmesh.connector import params as kvp
-from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
+from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask, StoreLoadTask
+from pdmesh.connector.store_lookup import StoreLookup
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -24,18 +25,70 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _salt(request: "Request") -> bytes:
+    salt = getattr(request, "cache_salt", None)
+    return salt.encode() if salt else b""
+
+
 class ConnectorScheduler:
-    def __init__(self, block_size: int, kv_address: str) -> None:
+    def __init__(self, block_size: int, kv_address: str, store_lookup: StoreLookup | None = None) -> None:
         self._block_size = block_size
         self._kv_address = kv_address
+        self._store = store_lookup
+        self._store_plans: dict[str, list[str]] = {}  # request id: node of each cached block
+        self._store_loaded: set[str] = set()          # request ids that loaded from the store
         self._sends: list[SendTask] = []
         self._recvs: list[RecvTask] = []
+        self._loads: list[StoreLoadTask] = []
 
-    # ---- consumer ----
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
-        if not params or not params.get(kvp.DO_REMOTE_PREFILL):
-            return 0, False
+        if params and params.get(kvp.DO_REMOTE_PREFILL):
+            return self._num_remote_prefill_tokens(request, params, num_computed_tokens)
+        return self._num_store_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        if params and params.get(kvp.DO_REMOTE_PREFILL):
+            self._plan_pull(request, params, blocks, num_external_tokens)
+        else:
+            self._plan_store_load(request, blocks, num_external_tokens)
+
+    # ---- producer with a KV store ----
+    def _num_store_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+        if self._store is None or request.request_id in self._store_loaded:
+            return 0, False  # one load per request: after a failed one, vLLM recomputes
+        nodes = self._store_plans.get(request.request_id)
+        if nodes is None:  # asked again while the request waits for room: reuse the answer
+            nodes = self._store.nodes_of_cached_prefix(request.prompt_token_ids, _salt(request))
+            self._store_plans[request.request_id] = nodes
+        count = len(nodes) * self._block_size - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def _plan_store_load(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+        nodes = self._store_plans.pop(request.request_id, None)
+        if not nodes or num_external_tokens <= 0:
+            return
+        num_cached_tokens = len(nodes) * self._block_size
+        first = (num_cached_tokens - num_external_tokens) // self._block_size
+        block_indexes = list(range(first, len(nodes)))
+        local_block_ids = blocks.get_block_ids()[0]
+        params = request.kv_transfer_params or {}
+        self._store_loaded.add(request.request_id)
+        self._loads.append(StoreLoadTask(
+            request_id=request.request_id,
+            pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
+            token_ids=list(request.prompt_token_ids[:num_cached_tokens]),
+            extra_key=_salt(request),
+            block_indexes=block_indexes,
+            local_block_ids=[local_block_ids[i] for i in block_indexes],
+            nodes=[nodes[i] for i in block_indexes],
+            trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
+        ))
+
+    # ---- consumer ----
+    def _num_remote_prefill_tokens(self, request: "Request", params: dict[str, Any],
+                                   num_computed_tokens: int) -> tuple[int, bool]:
         num_remote_tokens = min(int(params["num_tokens"]), request.num_prompt_tokens)
         if len(params["block_ids"]) < _cdiv(num_remote_tokens, self._block_size):
             logger.warning("request %s: handle names too few blocks; recomputing", request.request_id)
@@ -43,10 +96,8 @@ class ConnectorScheduler:
         count = num_remote_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
-    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
-        params = request.kv_transfer_params
-        if not params or not params.get(kvp.DO_REMOTE_PREFILL):
-            return
+    def _plan_pull(self, request: "Request", params: dict[str, Any], blocks: "KVCacheBlocks",
+                   num_external_tokens: int) -> None:
         params[kvp.DO_REMOTE_PREFILL] = False  # one transfer per request
         if num_external_tokens == 0:
             self._recvs.append(self._release_only(request, params))
@@ -70,6 +121,9 @@ class ConnectorScheduler:
 
     # ---- producer ----
     def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        self._store_plans.pop(request.request_id, None)
+        loaded_from_store = request.request_id in self._store_loaded
+        self._store_loaded.discard(request.request_id)
         params = request.kv_transfer_params
         if not params:
             return False, None
@@ -85,13 +139,18 @@ class ConnectorScheduler:
             return False, None
         num_tokens = request.num_computed_tokens
         block_ids = block_ids[:_cdiv(num_tokens, self._block_size)]
-        self._sends.append(SendTask(request.request_id, block_ids, list(request.prompt_token_ids[:num_tokens])))
-        return True, kvp.handle_params(request.request_id, self._kv_address, block_ids, num_tokens)
+        self._sends.append(SendTask(request.request_id, block_ids, list(request.prompt_token_ids[:num_tokens]),
+                                    extra_key=_salt(request),
+                                    pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
+                                    trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {})))
+        handle = kvp.handle_params(request.request_id, self._kv_address, block_ids, num_tokens)
+        handle[kvp.LOADED_FROM_STORE] = loaded_from_store
+        return True, handle
 
     # ---- both ----
     def build_connector_meta(self) -> PDMeshConnectorMetadata:
-        meta = PDMeshConnectorMetadata(sends=self._sends, recvs=self._recvs)
-        self._sends, self._recvs = [], []
+        meta = PDMeshConnectorMetadata(sends=self._sends, recvs=self._recvs, loads=self._loads)
+        self._sends, self._recvs, self._loads = [], [], []
         return meta
 
     @staticmethod

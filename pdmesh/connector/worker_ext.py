@@ -12,6 +12,17 @@ class PDMeshWorkerExtension:
     def pdmesh_transfer_stats(self, request_id: str) -> dict | None:
         return _connector_worker().ledger.for_request(request_id)
 
+    def pdmesh_store_stats(self, request_id: str) -> dict | None:
+        store = _connector_worker().store
+        return None if store is None else store.stats_for(request_id)
+
+    def pdmesh_store_spill(self, tier: str) -> int | None:
+        """Blocks moved down into `tier`; None without a store or such a tier."""
+        store = _connector_worker().store
+        if store is None or tier not in store.store.tier_names:
+            return None
+        return store.store.spill(tier)
+
     def pdmesh_counters(self) -> dict:
         """Field names of pdmesh.v1.WorkerStats."""
         return _connector_worker().counters()

@@ -1,6 +1,8 @@
 """Worker-side half of the connector (runs in the vLLM worker process that owns the KV cache).
 
-Producer: pins blocks named by SendTasks and serves them from a gRPC KV server.
+Producer: pins blocks named by SendTasks and serves them from a gRPC KV server; with a KV store,
+also saves their full blocks to the store (the pin lasts until the save is done) and loads
+StoreLoadTasks' blocks from it.
 Consumer: pulls blocks named by RecvTasks on a thread pool, verifies checksum and content
 hash, writes them into the paged cache, releases them on the producer, and reports the
 request as received (with any failed block ids, which vLLM then recomputes).
@@ -18,12 +20,14 @@ from opentelemetry import context
 
 from kvstore.block_hash import chain_block_hashes
 from pdmesh.compat import fingerprint_seed, model_fingerprint
-from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
+from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask, StoreLoadTask
 from pdmesh.connector.paged_kv import PagedKVCache
+from pdmesh.connector.store_agent import StoreAgent
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
-from pdmesh.config import TelemetrySettings
+from pdmesh.config import StoreSettings, TelemetrySettings
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError, WorkerFailed
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
+from pdmesh.transport.affinity import all_cores, widen_affinity
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
@@ -34,13 +38,17 @@ logger = logging.getLogger(__name__)
 
 class ConnectorWorker:
     def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
-                 hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings) -> None:
+                 hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
+                 store: StoreSettings | None = None, kv_advertise_host: str | None = None) -> None:
         role = "prefill" if is_producer else "decode"
         self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
         self._block_size = block_size
         self._is_producer = is_producer
         self._kv_host, self._kv_port = kv_host, kv_port
+        self._kv_advertise_host = kv_advertise_host or kv_host
+        self._store_settings = store if store is not None and store.enabled and is_producer else None
+        self.store: StoreAgent | None = None
         self._hold_timeout_s = hold_timeout_s
         self._pull_timeout_s = pull_timeout_s
         self._lock = threading.Lock()
@@ -53,26 +61,42 @@ class ConnectorWorker:
         self._server: GrpcKVServer | None = None
         self._servicer: KVTransferServicer | None = None
         self._receiver: GrpcKVReceiver | None = None
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv")
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
+        self._save_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-save",
+                                             initializer=widen_affinity)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+        with all_cores():  # gRPC's threads start here: keep them off the engine's core
+            self._register(kv_caches, num_blocks)
+
+    def _register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
         self._paged = PagedKVCache(kv_caches, num_blocks)
         self.compat = common_pb2.CompatInfo(
             model_fingerprint=model_fingerprint(self._model, self._paged.dtype, self._block_size),
             dtype=self._paged.dtype, block_size=self._block_size, layout=self._paged.layout,
             num_layers=self._paged.num_layers, block_nbytes=self._paged.block_nbytes)
         if self._is_producer:
+            if self._store_settings is not None:
+                self.store = StoreAgent(self._store_settings, self.compat, self._paged.device)
             self._servicer = KVTransferServicer(self.compat, self.held, self._paged.read_block)
-            self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port)
-            logger.info("pdmesh KV server on %s", self._server.address)
+            self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
+                                        extra_services=[self.store.extra_service()] if self.store else [])
+            if self.store is not None:
+                self.store.attach(f"{self._kv_advertise_host}:{self._server.address.rsplit(':', 1)[1]}")
+            logger.info("pdmesh KV server on %s%s", self._server.address, " (with KV store)" if self.store else "")
         else:
             self._receiver = GrpcKVReceiver(self.compat, timeout_s=self._pull_timeout_s)
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
         for send in meta.sends:
+            if self.store is not None:
+                self.held.lease(send.transfer_id)  # before the hold: decode may release at once
+                self._save_pool.submit(self._save, send)
             self._hold(send)
         for recv in meta.recvs:
             self._pool.submit(self._receive, recv)
+        for load in meta.loads:
+            self._pool.submit(self._load, load)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         finished_sending = self.held.take_finished() if self._is_producer else set()
@@ -88,7 +112,7 @@ class ConnectorWorker:
     def counters(self) -> dict:
         total = self.ledger.total()
         servicer = self._servicer
-        return {
+        return (self.store.counters() if self.store else {}) | {
             "kv_blocks_received": total["num_blocks"], "kv_bytes_received": total["num_bytes"],
             "kv_failed_blocks": total["num_failed_blocks"],
             "kv_blocks_sent": servicer.num_blocks_sent if servicer else 0,
@@ -98,8 +122,11 @@ class ConnectorWorker:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._save_pool.shutdown(wait=True, cancel_futures=True)
         if self._server is not None:
             self._server.stop(grace_s=0.5)
+        if self.store is not None:
+            self.store.close()
         if self._receiver is not None:
             self._receiver.close()
         shutdown_tracing(self._tracer_provider)
@@ -109,6 +136,34 @@ class ConnectorWorker:
                                     include_partial=True)
         self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(hashes),
                                     deadline=time.monotonic() + self._hold_timeout_s))
+
+    def _save(self, send: SendTask) -> None:
+        token = context.attach(extract_carrier(send.trace_carrier))
+        try:
+            with tracer().start_as_current_span("kvstore.save") as span:
+                num_saved = self.store.save(send, self._paged.read_block)
+                span.set_attributes({"pdmesh.kvstore.blocks_saved": num_saved,
+                                     "pdmesh.kvstore.bytes_saved": num_saved * self.compat.block_nbytes})
+        except Exception:  # noqa: BLE001 - a failed save loses a cache entry, never the request
+            logger.warning("transfer %s: saving to the KV store failed", send.transfer_id, exc_info=True)
+        finally:
+            context.detach(token)
+            self.held.unlease(send.transfer_id)
+
+    def _load(self, task: StoreLoadTask) -> None:
+        token = context.attach(extract_carrier(task.trace_carrier))
+        try:
+            with tracer().start_as_current_span("kvstore.load") as span:
+                stats = self.store.load(task, self._paged.write_block)
+                span.set_attributes({
+                    **{f"pdmesh.kvstore.tokens.{tier}": n for tier, n in stats.tokens_by_tier.items()},
+                    "pdmesh.kvstore.blocks": stats.num_blocks, "pdmesh.kvstore.failed_blocks": stats.num_failed_blocks,
+                    "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds})
+        finally:
+            context.detach(token)
+        with self._lock:
+            self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
+            self._done_recving.add(task.request_id)
 
     def _receive(self, task: RecvTask) -> None:
         token = context.attach(extract_carrier(task.trace_carrier))

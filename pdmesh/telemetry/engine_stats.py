@@ -44,7 +44,7 @@ class ConnectorCounterSync:
         self._engine = engine
         self._metrics = metrics
         self._timeout_s = timeout_s
-        self._last_bytes_sent = 0
+        self._last: dict[str, int] = {}  # counter name: value at the previous scrape
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Refresh on every scrape; the engine client lives on `loop`, the scrape runs elsewhere."""
@@ -52,10 +52,18 @@ class ConnectorCounterSync:
 
     async def poll_once(self) -> None:
         counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
-        delta = counters["kv_bytes_sent"] - self._last_bytes_sent
+        m, role = self._metrics, self._metrics.role
+        self._add_delta(counters, "kv_bytes_sent", m.kv_bytes.labels(role, "sent", "grpc"))
+        self._add_delta(counters, "kv_store_corrupt_blocks", m.store_corrupt_blocks.labels(role))
+        self._add_delta(counters, "kv_store_blocks_saved", m.store_blocks_saved.labels(role))
+        for tier, num_bytes in counters.get("kv_store_occupancy_bytes", {}).items():
+            m.tier_occupancy.labels(role, f"store_{tier}").set(num_bytes)
+
+    def _add_delta(self, counters: dict, name: str, counter) -> None:
+        delta = counters.get(name, 0) - self._last.get(name, 0)
         if delta > 0:
-            self._metrics.kv_bytes.labels(self._metrics.role, "sent", "grpc").inc(delta)
-            self._last_bytes_sent = counters["kv_bytes_sent"]
+            counter.inc(delta)
+            self._last[name] = counters[name]
 
     def _refresh_from_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         try:

@@ -47,6 +47,11 @@ class MeshMetrics:
                              registry=r)
         self.tier_occupancy = Gauge("pdmesh_kv_tier_occupancy_bytes", "KV bytes held, by tier", ["role", "tier"],
                                     registry=r)
+        self.store_corrupt_blocks = Counter("pdmesh_kv_store_corrupt_blocks",
+                                            "KV store blocks that failed their checksum on read (dropped, recomputed)",
+                                            ["role"], registry=r)
+        self.store_blocks_saved = Counter("pdmesh_kv_store_blocks_saved", "Blocks written to the KV store", ["role"],
+                                          registry=r)
         self.healthy = Gauge("pdmesh_worker_healthy", "1 while the process serves", ["role"], registry=r)
 
     def serve(self, host: str, port: int) -> str:

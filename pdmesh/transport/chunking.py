@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from pdmesh.errors import ChecksumMismatch, InvalidRequest
+import grpc
+
+from pdmesh.errors import ChecksumMismatch, InvalidRequest, WorkerFailed
+from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.checksum import block_checksum
 from pdmesh.v1 import kv_transfer_pb2
 
@@ -97,3 +100,21 @@ class BlockAssembler:
         self._block_index = None
         self._buffer = bytearray()
         return block
+
+
+def receive_blocks(chunks: Iterable[kv_transfer_pb2.KVChunk], max_block_nbytes: int, num_expected: int,
+                   what: str) -> Iterator[AssembledBlock]:
+    """Yields verified blocks from a chunk stream; raises a domain error on any failure,
+    including a stream that ended before `num_expected` blocks."""
+    assembler = BlockAssembler(max_block_nbytes)
+    num_blocks = 0
+    try:
+        for chunk in chunks:
+            block = assembler.add(chunk)
+            if block is not None:
+                num_blocks += 1
+                yield block
+    except grpc.RpcError as exc:
+        raise error_from_rpc_error(exc) from exc
+    if num_blocks != num_expected or assembler.in_progress:
+        raise WorkerFailed(f"{what}: got {num_blocks} of {num_expected} blocks")

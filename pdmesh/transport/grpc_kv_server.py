@@ -7,8 +7,9 @@ thread-pool `grpc.server`: reads of held (immutable) blocks happen off the engin
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -77,14 +78,26 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         return transfer
 
 
+@dataclass(frozen=True)
+class ExtraService:
+    """Another service served on the same port (the node's KV store)."""
+
+    full_name: str
+    add_to_server: Callable[[object, grpc.Server], None]
+    servicer: object
+
+
 class GrpcKVServer:
     """Owns the server; `address` is host:port actually bound."""
 
-    def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 4) -> None:
+    def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 4,
+                 extra_services: Sequence[ExtraService] = ()) -> None:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS,
                                    interceptors=[server_interceptor()])
         kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(servicer, self._server)
-        self._add_health_and_reflection()
+        for extra in extra_services:
+            extra.add_to_server(extra.servicer, self._server)
+        self._add_health_and_reflection([extra.full_name for extra in extra_services])
         bound_port = self._server.add_insecure_port(f"{host}:{port}")
         if bound_port == 0:
             raise OSError(f"KV transfer server could not bind {host}:{port}")
@@ -98,10 +111,10 @@ class GrpcKVServer:
     def stop(self, grace_s: float = 1.0) -> None:
         self._server.stop(grace_s).wait()
 
-    def _add_health_and_reflection(self) -> None:
+    def _add_health_and_reflection(self, extra_names: list[str]) -> None:
         health_servicer = health.HealthServicer()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._server)
-        names = (kv_transfer_pb2.DESCRIPTOR.services_by_name["KVTransfer"].full_name,
+        names = (kv_transfer_pb2.DESCRIPTOR.services_by_name["KVTransfer"].full_name, *extra_names,
                  health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self._server)

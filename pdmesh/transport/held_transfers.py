@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from pdmesh.errors import TransferNotFound
@@ -29,6 +30,7 @@ class HeldTransfers:
         self._cond = threading.Condition()
         self._held: dict[str, HeldTransfer] = {}
         self._finished: set[str] = set()
+        self._leases: Counter[str] = Counter()  # transfer id: local readers (the KV store's save)
         self._released_early: dict[str, float] = {}  # transfer id: forget after this monotonic time
         self._early_release_ttl_s = early_release_ttl_s
         self._num_expired = 0
@@ -59,23 +61,37 @@ class HeldTransfers:
             self._finished.add(transfer_id)
             return True
 
+    def lease(self, transfer_id: str) -> None:
+        """A local reader of the blocks: they are not freed, released or expired, until unleased."""
+        with self._cond:
+            self._leases[transfer_id] += 1
+
+    def unlease(self, transfer_id: str) -> None:
+        with self._cond:
+            self._leases[transfer_id] -= 1
+            if self._leases[transfer_id] <= 0:
+                del self._leases[transfer_id]
+
     def take_finished(self, now: float | None = None) -> set[str]:
-        """Ids released since the last call, plus those past their deadline."""
+        """Ids released since the last call, plus those past their deadline, that no lease holds."""
         now = time.monotonic() if now is None else now
         with self._cond:
-            expired = [tid for tid, held in self._held.items() if held.deadline <= now]
+            expired = [tid for tid, held in self._held.items() if held.deadline <= now and tid not in self._leases]
             for transfer_id in expired:
                 del self._held[transfer_id]
             for transfer_id in [tid for tid, until in self._released_early.items() if until <= now]:
                 del self._released_early[transfer_id]
             self._num_expired += len(expired)
-            finished, self._finished = self._finished | set(expired), set()
+            self._finished |= set(expired)
+            finished = {tid for tid in self._finished if tid not in self._leases}
+            self._finished -= finished
             return finished
 
     @property
     def num_held(self) -> int:
+        """Transfers whose blocks are still pinned: held for a consumer, or leased by a local reader."""
         with self._cond:
-            return len(self._held)
+            return len(self._held.keys() | self._leases.keys())
 
     @property
     def num_expired(self) -> int:

@@ -44,7 +44,14 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ...) -> None: ...
 
 class TransferStats(_message.Message):
-    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker", "first_block_seconds")
+    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker", "first_block_seconds", "prefill_computed_tokens", "prefill_cached_tokens", "prefill_store_tokens")
+    class PrefillStoreTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +59,9 @@ class TransferStats(_message.Message):
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_STORE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     num_bytes: int
     seconds: float
@@ -59,7 +69,10 @@ class TransferStats(_message.Message):
     prefill_worker: str
     decode_worker: str
     first_block_seconds: float
-    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., first_block_seconds: _Optional[float] = ...) -> None: ...
+    prefill_computed_tokens: int
+    prefill_cached_tokens: int
+    prefill_store_tokens: _containers.ScalarMap[str, int]
+    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., first_block_seconds: _Optional[float] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., prefill_store_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -7,12 +7,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SpillKVRequest(_message.Message):
+    __slots__ = ("tier",)
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    def __init__(self, tier: _Optional[str] = ...) -> None: ...
+
+class SpillKVResponse(_message.Message):
+    __slots__ = ("num_blocks_moved",)
+    NUM_BLOCKS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    num_blocks_moved: int
+    def __init__(self, num_blocks_moved: _Optional[int] = ...) -> None: ...
+
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers")
+    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers", "kv_store_blocks", "kv_store_occupancy_bytes", "kv_store_hit_blocks", "kv_store_corrupt_blocks", "kv_store_blocks_saved", "kv_store_blocks_loaded", "kv_store_failed_blocks", "kv_store_pinned_blocks", "kv_store_dropped_blocks", "kv_store_index_errors")
+    class KvStoreOccupancyBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class KvStoreHitBlocksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     KV_BLOCKS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     KV_FAILED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +46,16 @@ class WorkerStats(_message.Message):
     KV_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     NUM_HELD_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     NUM_EXPIRED_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_OCCUPANCY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_CORRUPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_BLOCKS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_BLOCKS_LOADED_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_FAILED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_DROPPED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_INDEX_ERRORS_FIELD_NUMBER: _ClassVar[int]
     kv_blocks_received: int
     kv_bytes_received: int
     kv_failed_blocks: int
@@ -27,7 +63,17 @@ class WorkerStats(_message.Message):
     kv_bytes_sent: int
     num_held_transfers: int
     num_expired_transfers: int
-    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ...) -> None: ...
+    kv_store_blocks: int
+    kv_store_occupancy_bytes: _containers.ScalarMap[str, int]
+    kv_store_hit_blocks: _containers.ScalarMap[str, int]
+    kv_store_corrupt_blocks: int
+    kv_store_blocks_saved: int
+    kv_store_blocks_loaded: int
+    kv_store_failed_blocks: int
+    kv_store_pinned_blocks: int
+    kv_store_dropped_blocks: int
+    kv_store_index_errors: int
+    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
@@ -60,7 +106,14 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("request_id", "kv", "num_computed_tokens", "num_cached_tokens", "first_token_id", "first_text", "finish_reason")
+    __slots__ = ("request_id", "kv", "num_computed_tokens", "num_cached_tokens", "first_token_id", "first_text", "finish_reason", "kv_store_tokens")
+    class KvStoreTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +121,7 @@ class PrefillResponse(_message.Message):
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_STORE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kv: _common_pb2.KVHandle
     num_computed_tokens: int
@@ -75,7 +129,8 @@ class PrefillResponse(_message.Message):
     first_token_id: int
     first_text: str
     finish_reason: _common_pb2.FinishReason
-    def __init__(self, request_id: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., first_token_id: _Optional[int] = ..., first_text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
+    kv_store_tokens: _containers.ScalarMap[str, int]
+    def __init__(self, request_id: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., first_token_id: _Optional[int] = ..., first_text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., kv_store_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "kv")

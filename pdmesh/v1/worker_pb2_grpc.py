@@ -45,6 +45,11 @@ class WorkerInfoStub:
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_worker__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.SpillKV = channel.unary_unary(
+                '/pdmesh.v1.WorkerInfo/SpillKV',
+                request_serializer=pdmesh_dot_v1_dot_worker__pb2.SpillKVRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_worker__pb2.SpillKVResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerInfoServicer:
@@ -64,6 +69,15 @@ class WorkerInfoServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SpillKV(self, request, context):
+        """Prefill with a KV store: moves every block above `tier` down into it (drain to NVMe before
+        a restart; tests force blocks onto a tier). FAILED_PRECONDITION when the worker has no store
+        or no such tier.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerInfoServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +90,11 @@ def add_WorkerInfoServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.GetStatsRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'SpillKV': grpc.unary_unary_rpc_method_handler(
+                    servicer.SpillKV,
+                    request_deserializer=pdmesh_dot_v1_dot_worker__pb2.SpillKVRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_worker__pb2.SpillKVResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +152,33 @@ class WorkerInfo:
             '/pdmesh.v1.WorkerInfo/GetStats',
             pdmesh_dot_v1_dot_worker__pb2.GetStatsRequest.SerializeToString,
             pdmesh_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SpillKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.WorkerInfo/SpillKV',
+            pdmesh_dot_v1_dot_worker__pb2.SpillKVRequest.SerializeToString,
+            pdmesh_dot_v1_dot_worker__pb2.SpillKVResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,18 @@ ABANDONED_TRANSFERS: list[str] = []  # request ids whose KV a test leaves to exp
 LOST_KV_PROMPT = [0] + [(i * 37 + 11) % 1000 + 3 for i in range(99)]
 
 
+STORE_PREFIX_TOKENS = 512   # 16 full blocks shared by the two prompts of a KV-store scenario
+STORE_SUFFIX_TOKENS = 40
+STORE_SCENARIOS = ["device", "dram", "nvme", "remote", "redis_flushed", "redis_restarted", "corrupt_nvme"]
+
+
+def store_prompt_pair(scenario: str) -> tuple[list[int], list[int]]:
+    """Two prompts sharing a long prefix no other scenario uses."""
+    rng = random.Random(f"store-{scenario}")
+    prefix = [0] + [rng.randrange(3, 1024) for _ in range(STORE_PREFIX_TOKENS - 1)]
+    return tuple(prefix + [rng.randrange(3, 1024) for _ in range(STORE_SUFFIX_TOKENS)] for _ in range(2))
+
+
 def token_prompts() -> list[list[int]]:
     rng = random.Random(2026)
     return [[0] + [rng.randrange(3, 1024) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
@@ -55,12 +67,13 @@ def run_reference(model_dir: Path, runs: list[dict], work: Path) -> dict:
 @pytest.fixture(scope="session")
 def reference(tiny_llama_dir, tmp_path_factory) -> dict:
     """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
-    [3] greedy on LOST_KV_PROMPT."""
+    [3] greedy on LOST_KV_PROMPT, [4] greedy on the KV-store scenarios' prompt pairs (flattened)."""
     return run_reference(tiny_llama_dir, [
         {"prompts": token_prompts(), "sampling": GREEDY},
         {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
         {"prompts": token_prompts()[:4], "sampling": SEEDED},
         {"prompts": [LOST_KV_PROMPT], "sampling": GREEDY},
+        {"prompts": [p for scenario in STORE_SCENARIOS for p in store_prompt_pair(scenario)], "sampling": GREEDY},
     ], tmp_path_factory.mktemp("reference"))
 
 
@@ -99,9 +112,10 @@ async def worker_stats(address: str) -> worker_pb2.WorkerStats:
 
 
 @contextlib.asynccontextmanager
-async def in_process_gateway(cluster: LocalCluster, tokenizer_dir: Path, **settings):
+async def in_process_gateway(cluster: LocalCluster, tokenizer_dir: Path, prefill_workers: list[str] | None = None,
+                             **settings):
     """A second gateway (here, in the test's process) in front of the cluster's workers."""
-    gateway = Gateway(GatewaySettings(port=0, prefill_workers=cluster.prefill_addresses,
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=prefill_workers or cluster.prefill_addresses,
                                       decode_workers=cluster.decode_addresses, tokenizer=str(tokenizer_dir),
                                       **settings))
     address = await gateway.start()

@@ -41,7 +41,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
             transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
             num_tokens=len(request.prompt_token_ids), compat=self.info.compat),
-            first_token_id=777, first_text="<777>", finish_reason=self.prefill_finish)
+            num_computed_tokens=len(request.prompt_token_ids), first_token_id=777, first_text="<777>", finish_reason=self.prefill_finish)
 
     async def Decode(self, request, context):
         self.requests.append(request)

@@ -75,7 +75,8 @@ def test_producer_pins_finished_blocks_and_returns_a_handle():
                        status=RequestStatus.FINISHED_LENGTH_CAPPED, num_computed_tokens=40)
     delay_free, handle = sched.request_finished(request, ([5, 8],))
     assert delay_free is True
-    assert handle == {"transfer_id": "p-1", "kv_address": "127.0.0.1:7", "block_ids": [5, 8], "num_tokens": 40}
+    assert handle == {"transfer_id": "p-1", "kv_address": "127.0.0.1:7", "block_ids": [5, 8], "num_tokens": 40,
+                      kvp.LOADED_FROM_STORE: False}
     (send,) = sched.build_connector_meta().sends
     assert (send.transfer_id, send.block_ids, send.token_ids) == ("p-1", [5, 8], list(range(40)))
 

@@ -1,0 +1,174 @@
+"""Worker side of the KV store on a prefill engine: owns the node's tiers and index, saves the
+full blocks of finished prompts (on a background thread, while decode still holds them pinned),
+and loads cached blocks into the paged cache instead of computing them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from itertools import groupby
+from pathlib import Path
+
+from kvstore.block_key import BlockKey, block_keys
+from kvstore.block_store import TieredBlockStore
+from kvstore.client import GrpcStoreClient
+from kvstore.disk_tier import DiskTier
+from kvstore.redis_index import RedisBlockIndex
+from kvstore.service import SERVICE_NAME, KVStoreServicer
+from kvstore.slab_tier import device_tier, host_tier
+from kvstore.tier import BlockTier
+from pdmesh.compat import fingerprint_seed
+from pdmesh.config import StoreSettings
+from pdmesh.connector.metadata import SendTask, StoreLoadTask
+from pdmesh.errors import BlockHashMismatch, TransferNotFound
+from pdmesh.transport.grpc_kv_server import ExtraService
+from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
+
+logger = logging.getLogger(__name__)
+REMOTE = "remote"  # tier label of blocks fetched from another node's store
+
+
+@dataclass
+class StoreLoadStats:
+    tokens_by_tier: dict[str, int] = field(default_factory=dict)  # prompt tokens loaded, by where from
+    num_blocks: int = 0
+    num_failed_blocks: int = 0   # planned but not loaded (missing, corrupt, peer gone): computed instead
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+
+def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list[BlockTier]:
+    tiers: list[BlockTier] = []
+    if settings.device_bytes >= block_nbytes:
+        tiers.append(device_tier(settings.device_bytes, block_nbytes, device))
+    if settings.dram_bytes >= block_nbytes:
+        tiers.append(host_tier(settings.dram_bytes, block_nbytes, pin_memory=device not in ("cpu", "")))
+    if settings.nvme_dir is not None and settings.nvme_bytes >= block_nbytes:
+        tiers.append(DiskTier(Path(settings.nvme_dir).expanduser(), settings.nvme_bytes, block_nbytes,
+                              fsync=settings.nvme_fsync))
+    return tiers
+
+
+class StoreAgent:
+    def __init__(self, settings: StoreSettings, compat: common_pb2.CompatInfo, device: str) -> None:
+        self._block_size = compat.block_size
+        self._seed = fingerprint_seed(compat)
+        tiers = build_tiers(settings, compat.block_nbytes, device)
+        self.index = (RedisBlockIndex.connect(settings.redis_url, settings.redis_password,
+                                              namespace=compat.model_fingerprint, node="",
+                                              ttl_s=settings.index_ttl_s)
+                      if settings.redis_url else None)
+        self.store = TieredBlockStore(tiers, compat.block_nbytes)
+        self.servicer = KVStoreServicer(compat, self.store, self.index)
+        self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s)
+        self._lock = threading.Lock()
+        self._by_request: OrderedDict[str, StoreLoadStats] = OrderedDict()
+        self._totals: Counter[str] = Counter()
+        logger.info("KV store tiers: %s", ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers))
+
+    def extra_service(self) -> ExtraService:
+        return ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, self.servicer)
+
+    def attach(self, node_address: str) -> None:
+        """Once the node's address is known: mirror the store into the index, recovered blocks first."""
+        if self.index is None:
+            return
+        self.index.node = node_address
+        self.store.set_listener(self.index)
+        self.store.announce_all()
+
+    # ---- save ----
+    def save(self, send: SendTask, read_block) -> int:
+        """Puts the full blocks of a finished prompt the store lacks; returns how many."""
+        keys = block_keys(self._seed, send.token_ids, self._block_size, send.extra_key)
+        num_saved = 0
+        for key, block_id in zip(keys, send.block_ids):
+            if self.store.has(key):
+                continue
+            if not self.store.put(key, read_block(block_id)):
+                break  # out of space (every slot pinned): the rest is not saved
+            num_saved += 1
+        with self._lock:
+            self._totals["blocks_saved"] += num_saved
+        return num_saved
+
+    # ---- load ----
+    def load(self, task: StoreLoadTask, write_block) -> StoreLoadStats:
+        """Loads the task's blocks in order; stops at the first that fails (the rest is computed)."""
+        started = time.perf_counter()
+        keys = block_keys(self._seed, task.token_ids, self._block_size, task.extra_key)
+        planned = list(zip(task.block_indexes, task.local_block_ids, task.nodes))
+        stats = StoreLoadStats()
+        try:
+            for node, run in groupby(planned, key=lambda item: item[2]):
+                run = list(run)
+                self._load_run(node, [(keys[i], local_id) for i, local_id, _ in run], write_block, stats)
+        except Exception as exc:  # noqa: BLE001 - a failed load becomes recompute, never a crash
+            logger.warning("request %s: KV store load stopped after %d of %d blocks (%s); computing the rest",
+                           task.request_id, stats.num_blocks, len(planned), exc)
+        stats.num_failed_blocks = len(planned) - stats.num_blocks
+        stats.seconds = time.perf_counter() - started
+        self._record(task.pdmesh_request_id, stats)
+        return stats
+
+    def _load_run(self, node: str, run: list[tuple[BlockKey, int]], write_block, stats: StoreLoadStats) -> None:
+        if node == "":
+            for key, local_id in run:
+                found = self.store.read(key)
+                if found is None:
+                    raise TransferNotFound(f"block {key.block_hash.hex()} left the store or was corrupt")
+                payload, tier = found
+                write_block(local_id, payload)
+                self._count(stats, tier, payload)
+            return
+        for block in self._client.fetch(node, [key for key, _ in run]):
+            key, local_id = run[block.block_index]
+            if block.block_hash != key.block_hash:
+                raise BlockHashMismatch(f"{node} sent block {block.block_hash.hex()} for {key.block_hash.hex()}")
+            write_block(local_id, block.payload)
+            self._count(stats, REMOTE, block.payload)
+
+    def _count(self, stats: StoreLoadStats, tier: str, payload) -> None:
+        stats.tokens_by_tier[tier] = stats.tokens_by_tier.get(tier, 0) + self._block_size
+        stats.num_blocks += 1
+        stats.num_bytes += len(payload)
+
+    # ---- stats ----
+    def _record(self, request_id: str, stats: StoreLoadStats, max_requests: int = 10_000) -> None:
+        with self._lock:
+            self._by_request[request_id] = stats
+            while len(self._by_request) > max_requests:
+                self._by_request.popitem(last=False)
+            self._totals["blocks_loaded"] += stats.num_blocks
+            self._totals["failed_blocks"] += stats.num_failed_blocks
+            self._totals["remote_blocks"] += stats.tokens_by_tier.get(REMOTE, 0) // self._block_size
+
+    def stats_for(self, request_id: str) -> dict | None:
+        with self._lock:
+            stats = self._by_request.get(request_id)
+            return None if stats is None else asdict(stats)
+
+    def counters(self) -> dict:
+        """Field names of pdmesh.v1.WorkerStats."""
+        with self._lock:
+            totals = dict(self._totals)
+        return {
+            "kv_store_blocks": self.store.num_blocks,
+            "kv_store_occupancy_bytes": self.store.occupancy_bytes(),
+            "kv_store_hit_blocks": {**self.store.hits, REMOTE: totals.get("remote_blocks", 0)},
+            "kv_store_corrupt_blocks": sum(self.store.corrupt.values()),
+            "kv_store_blocks_saved": totals.get("blocks_saved", 0),
+            "kv_store_blocks_loaded": totals.get("blocks_loaded", 0),
+            "kv_store_failed_blocks": totals.get("failed_blocks", 0),
+            "kv_store_pinned_blocks": self.store.num_pinned,
+            "kv_store_dropped_blocks": self.store.num_dropped,
+            "kv_store_index_errors": self.index.num_errors if self.index else 0,
+        }
+
+    def close(self) -> None:
+        self._client.close()
+        if self.index is not None:
+            self.index.close()

@@ -1,0 +1,17 @@
+from kvstore.block_hash import ROOT_PARENT
+from kvstore.block_key import block_keys
+
+# Pinned: a change here silently empties every store and index written before it.
+GOLDEN = ["b0711057161e58fa34530907776472ce", "842bb98e8d13072c07142b9baa936ce2"]
+
+
+def test_keys_are_golden_and_chained_over_full_blocks_only():
+    keys = block_keys(b"fp-1", list(range(10)), 4, b"tenant-a")
+    assert [k.block_hash.hex() for k in keys] == GOLDEN
+    assert (keys[0].parent_hash, keys[1].parent_hash) == (ROOT_PARENT, keys[0].block_hash)
+    assert keys[1].token_ids == (4, 5, 6, 7)
+    assert keys[1].guard_bytes().hex() == GOLDEN[0] + "04000000050000000600000007000000"
+
+
+def test_a_salt_gives_another_hash_space():
+    assert block_keys(b"fp-1", list(range(8)), 4, b"a")[0] != block_keys(b"fp-1", list(range(8)), 4, b"b")[0]

@@ -1,0 +1,137 @@
+"""Placement, eviction order, promotion, pinning and integrity of the tiered store (device tier of
+2 blocks, DRAM 2, NVMe 2, so every move is visible)."""
+
+import threading
+
+from kvstore.block_store import TieredBlockStore
+from kvstore.slab_tier import host_tier
+from kvstore.store_events import BlockDropped, BlockPlaced
+from tests.kvstore.factories import BLOCK_NBYTES, keys, payload, three_tier_store
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_events(self, events):
+        self.events += events
+
+
+def _layout(store):
+    return {tier: store.blocks_in(tier) for tier in store.tier_names}
+
+
+def test_full_tiers_demote_their_least_recently_used_block_down_the_chain(tmp_path):
+    store = three_tier_store(tmp_path)
+    k = keys(7)
+    for i, key in enumerate(k[:6]):
+        assert store.put(key, payload(i))
+    h = [key.block_hash for key in k]
+    assert _layout(store) == {"device": [h[4], h[5]], "dram": [h[2], h[3]], "nvme": [h[0], h[1]]}
+    assert store.occupancy_bytes() == {"device": 2 * BLOCK_NBYTES, "dram": 2 * BLOCK_NBYTES, "nvme": 2 * BLOCK_NBYTES}
+    assert store.put(k[6], payload(6))
+    assert _layout(store) == {"device": [h[5], h[6]], "dram": [h[3], h[4]], "nvme": [h[1], h[2]]}
+    assert (store.num_blocks, store.num_dropped) == (6, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{x.hex()}.blk" for x in (h[1], h[2]))
+
+
+def test_a_lookup_touches_tails_first_so_a_prefix_loses_its_end_before_its_start():
+    store = TieredBlockStore([host_tier(3 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
+    prefix, other = keys(3), keys(1, first_token=1000)
+    for i, key in enumerate(prefix):
+        store.put(key, payload(i))
+    assert store.longest_prefix(prefix) == 3
+    store.put(other[0], payload(9))  # evicts the prefix's tail, not its head
+    assert store.longest_prefix(prefix) == 2
+    assert store.blocks_in("dram") == [other[0].block_hash, prefix[1].block_hash, prefix[0].block_hash]
+
+
+def test_a_hit_in_a_lower_tier_is_verified_and_promoted(tmp_path):
+    store = three_tier_store(tmp_path)
+    k = keys(6)
+    for i, key in enumerate(k):
+        store.put(key, payload(i))
+    payload_read, tier = store.read(k[0])
+    assert (bytes(payload_read), tier) == (payload(0), "nvme")
+    h = [key.block_hash for key in k]
+    assert _layout(store) == {"device": [h[5], h[0]], "dram": [h[3], h[4]], "nvme": [h[1], h[2]]}
+    assert store.hits == {"nvme": 1}
+
+
+def test_longest_prefix_stops_at_the_first_gap_and_checks_the_guard():
+    store = TieredBlockStore([host_tier(8 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
+    k = keys(4)
+    for i in (0, 1, 3):
+        store.put(k[i], payload(i))
+    assert store.longest_prefix(k) == 2
+    forged = type(k[0])(k[0].block_hash, k[0].parent_hash, (9, 9, 9, 9))  # same hash, other tokens
+    assert store.longest_prefix([forged]) == 0
+    assert store.read(forged) is None
+    assert not store.put(forged, payload(7))  # a collision never overwrites the stored block
+
+
+def test_a_bit_flipped_on_nvme_is_a_counted_miss_and_the_block_is_dropped(tmp_path):
+    recorder = _Recorder()
+    store = three_tier_store(tmp_path, listener=recorder)
+    k = keys(5)
+    for i, key in enumerate(k):
+        store.put(key, payload(i))
+    path = tmp_path / f"{k[0].block_hash.hex()}.blk"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert store.read(k[0]) is None
+    assert (store.corrupt, store.tier_of(k[0].block_hash), path.exists()) == ({"nvme": 1}, None, False)
+    assert recorder.events[-1] == BlockDropped(k[0].block_hash)
+    assert store.longest_prefix(k) == 0
+
+
+def test_a_block_being_read_is_never_evicted_under_its_reader():
+    store = TieredBlockStore([host_tier(1 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
+    a, b = keys(2)
+    store.put(a, payload(1))
+    started, release = threading.Event(), threading.Event()
+    tier = store._tiers[0]
+    real_read = tier.read
+
+    def slow_read(handle):
+        started.set()
+        release.wait(5)
+        return real_read(handle)
+
+    tier.read = slow_read
+    reader = threading.Thread(target=lambda: result.append(store.read(a)))
+    result = []
+    reader.start()
+    started.wait(5)
+    assert store.put(b, payload(2)) is False  # the only slot is pinned: out of space, not an error
+    release.set()
+    reader.join(5)
+    assert bytes(result[0][0]) == payload(1)
+    tier.read = real_read
+    assert store.put(b, payload(2)) is True  # unpinned now: a is evicted
+    assert store.tier_of(a.block_hash) is None
+
+
+def test_spill_forces_blocks_down_and_events_name_each_placement(tmp_path):
+    recorder = _Recorder()
+    store = three_tier_store(tmp_path, device_blocks=2, dram_blocks=2, nvme_blocks=4, listener=recorder)
+    k = keys(2)
+    for i, key in enumerate(k):
+        store.put(key, payload(i))
+    assert store.spill("nvme") == 2
+    assert _layout(store) == {"device": [], "dram": [], "nvme": [k[0].block_hash, k[1].block_hash]}
+    placed = [(e.block_hash, e.tier) for e in recorder.events if isinstance(e, BlockPlaced)]
+    assert placed[-2:] == [(k[0].block_hash, "nvme"), (k[1].block_hash, "nvme")]
+    assert bytes(store.read(k[1])[0]) == payload(1)
+
+
+def test_nvme_blocks_are_found_again_after_a_restart(tmp_path):
+    store = three_tier_store(tmp_path, nvme_blocks=4)
+    k = keys(2)
+    for i, key in enumerate(k):
+        store.put(key, payload(i))
+    store.spill("nvme")
+    restarted = three_tier_store(tmp_path, nvme_blocks=4)
+    assert restarted.longest_prefix(k) == 2
+    assert bytes(restarted.read(k[0])[0]) == payload(0)

@@ -1,0 +1,91 @@
+"""Two nodes' stores over real gRPC sharing a real Redis index: lookup local then remote, fetch."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.block_store import TieredBlockStore
+from kvstore.client import GrpcStoreClient
+from kvstore.prefix_lookup import BlockSource
+from kvstore.redis_index import RedisBlockIndex
+from kvstore.service import SERVICE_NAME, KVStoreServicer
+from kvstore.slab_tier import host_tier
+from pdmesh.errors import Incompatible, TransferNotFound
+from pdmesh.transport.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
+from pdmesh.transport.held_transfers import HeldTransfers
+from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
+from tests.kvstore.factories import BLOCK_NBYTES, BLOCK_SIZE, SEED, keys, payload
+
+COMPAT = common_pb2.CompatInfo(model_fingerprint=SEED.decode(), dtype="float32", block_size=BLOCK_SIZE,
+                               layout="test", num_layers=1, block_nbytes=BLOCK_NBYTES)
+
+
+class _Node:
+    def __init__(self, redis_server) -> None:
+        self.store = TieredBlockStore([host_tier(8 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
+        servicer = KVStoreServicer(COMPAT, self.store, index=None)
+        self.server = GrpcKVServer(
+            KVTransferServicer(COMPAT, HeldTransfers(), lambda block_id: memoryview(b"")), "127.0.0.1", 0,
+            extra_services=[ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, servicer)])
+        self.index = RedisBlockIndex.connect(redis_server.url, redis_server.password, SEED.decode(),
+                                             self.server.address, ttl_s=60)
+        servicer._index = self.index
+        self.store.set_listener(self.index)
+
+    def stop(self) -> None:
+        self.server.stop(0)
+        self.index.close()
+
+
+@pytest.fixture
+def nodes(redis_server, no_thread_leak):
+    a, b = _Node(redis_server), _Node(redis_server)
+    client = GrpcStoreClient(COMPAT, timeout_s=5)
+    yield a, b, client
+    client.close()
+    a.stop()
+    b.stop()
+
+
+def _tokens(num_blocks: int) -> list[int]:
+    return list(range(num_blocks * BLOCK_SIZE))
+
+
+def test_lookup_finds_local_blocks_then_the_ones_another_node_holds(nodes):
+    a, b, client = nodes
+    k = keys(4)
+    for i in (0, 1, 2):
+        a.store.put(k[i], payload(i))
+    b.store.put(k[0], payload(0))
+    assert client.lookup(b.server.address, _tokens(4)) == [
+        BlockSource("", "dram"), BlockSource(a.server.address, "dram"), BlockSource(a.server.address, "dram")]
+    assert client.lookup(b.server.address, _tokens(4), include_remote=False) == [BlockSource("", "dram")]
+    assert client.lookup(b.server.address, _tokens(4), extra_key=b"tenant-b") == []
+
+
+def test_fetch_streams_verified_blocks_and_stops_at_the_first_it_lacks(nodes):
+    a, _, client = nodes
+    k = keys(3)
+    a.store.put(k[0], payload(10))
+    a.store.put(k[1], payload(11))
+    blocks = list(client.fetch(a.server.address, k[:2]))
+    assert [(b.block_index, b.block_hash, bytes(b.payload)) for b in blocks] == [
+        (0, k[0].block_hash, payload(10)), (1, k[1].block_hash, payload(11))]
+    got = []
+    with pytest.raises(TransferNotFound):
+        for block in client.fetch(a.server.address, [k[0], k[2], k[1]]):
+            got.append(block.block_index)
+    assert got == [0]
+
+
+def test_a_peer_with_another_layout_is_refused(nodes):
+    a, _, _ = nodes
+    other = common_pb2.CompatInfo()
+    other.CopyFrom(COMPAT)
+    other.block_size = 8
+    client = GrpcStoreClient(other, timeout_s=5)
+    with pytest.raises(Incompatible, match="block_size"):
+        client.lookup(a.server.address, _tokens(1))
+    with pytest.raises(Incompatible):
+        list(client.fetch(a.server.address, keys(1)))
+    client.close()
