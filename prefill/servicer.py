@@ -57,10 +57,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             final = output
         if final is None or not final.kv_transfer_params or not token_ids:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
-        store_tokens = await self._store_tokens(request.request_id, final.kv_transfer_params)
-        # vLLM counts the tokens claimed from the store as cached even when a load failed and
-        # they were computed after all: keep only those that loaded.
-        num_cached = (final.num_cached_tokens or 0) - store_tokens.pop("claimed", 0) + sum(store_tokens.values())
+        stats = await self._store_stats(request.request_id, final.kv_transfer_params)
+        store_tokens = stats["tokens_by_tier"] if stats else {}
+        # With a store load, vLLM's count includes tokens claimed from the store even when their
+        # load failed and they were computed after all: count what really loaded instead.
+        num_cached = (stats["num_local_tokens"] + sum(store_tokens.values()) if stats
+                      else final.num_cached_tokens or 0)
         self._record_tokens(len(prompt_token_ids), num_cached, store_tokens)
         return worker_pb2.PrefillResponse(
             request_id=request.request_id,
@@ -73,16 +75,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             finish_reason=finish_reason_of(final.outputs[0].finish_reason),
         )
 
-    async def _store_tokens(self, request_id: str, kv_params: dict) -> dict[str, int]:
-        """Prompt tokens loaded from the KV store by tier, plus "claimed": all it planned to load."""
+    async def _store_stats(self, request_id: str, kv_params: dict) -> dict | None:
+        """What the KV store loaded for this request (StoreLoadStats), if it loaded anything."""
         if not kv_params.get(LOADED_FROM_STORE):
-            return {}
-        stats = (await self._engine.collective_rpc("pdmesh_store_stats", args=(request_id,)))[0]
-        if not stats:
-            return {}
-        block_size = self._info.compat.block_size
-        claimed = (stats["num_blocks"] + stats["num_failed_blocks"]) * block_size
-        return {**stats["tokens_by_tier"], "claimed": claimed}
+            return None
+        return (await self._engine.collective_rpc("pdmesh_store_stats", args=(request_id,)))[0]
 
     def _record_tokens(self, num_prompt_tokens: int, num_cached: int, store_tokens: dict[str, int]) -> None:
         role = self._metrics.role

@@ -19,6 +19,7 @@ from pdmesh.connector.metadata import PDMeshConnectorMetadata
 from pdmesh.connector.scheduler_side import ConnectorScheduler
 from pdmesh.config import StoreSettings, TelemetrySettings
 from pdmesh.connector.store_lookup import StoreLookup
+from pdmesh.transport.affinity import all_cores
 from pdmesh.connector.worker_side import ConnectorWorker
 
 if TYPE_CHECKING:
@@ -48,13 +49,18 @@ class PDMeshConnector(KVConnectorBase_V1):
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup)
         else:
-            self._worker = ConnectorWorker(
-                model=vllm_config.model_config.model, block_size=block_size,
-                is_producer=self._kv_transfer_config.is_kv_producer, kv_host=kv_host, kv_port=kv_port,
-                hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
-                pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
-                telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
-                store=store, kv_advertise_host=extra.get("kv_advertise_host"))
+            with all_cores():  # the tracer's gRPC exporter starts threads here: keep them off the engine's core
+                self._worker = self._make_worker(vllm_config, extra, block_size, kv_host, kv_port, store)
+
+    def _make_worker(self, vllm_config, extra: dict, block_size: int, kv_host: str, kv_port: int,
+                     store: StoreSettings | None) -> ConnectorWorker:
+        return ConnectorWorker(
+            model=vllm_config.model_config.model, block_size=block_size,
+            is_producer=self._kv_transfer_config.is_kv_producer, kv_host=kv_host, kv_port=kv_port,
+            hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
+            pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
+            telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
+            store=store, kv_advertise_host=extra.get("kv_advertise_host"))
 
     @property
     def worker(self) -> ConnectorWorker:

@@ -47,6 +47,7 @@ class StoreLoadTask:
     block_indexes: list[int]      # block positions in the prompt to load
     local_block_ids: list[int]    # where each goes, aligned with block_indexes
     nodes: list[str]              # where each comes from ("" = this node), aligned with block_indexes
+    num_local_tokens: int = 0     # prompt tokens the engine's own prefix cache already had
     trace_carrier: dict[str, str] = field(default_factory=dict)
 
 

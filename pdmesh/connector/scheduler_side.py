@@ -83,6 +83,7 @@ class ConnectorScheduler:
             block_indexes=block_indexes,
             local_block_ids=[local_block_ids[i] for i in block_indexes],
             nodes=[nodes[i] for i in block_indexes],
+            num_local_tokens=num_cached_tokens - num_external_tokens,
             trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
         ))
 

@@ -34,6 +34,7 @@ REMOTE = "remote"  # tier label of blocks fetched from another node's store
 @dataclass
 class StoreLoadStats:
     tokens_by_tier: dict[str, int] = field(default_factory=dict)  # prompt tokens loaded, by where from
+    num_local_tokens: int = 0    # prompt tokens the engine's own prefix cache had (not loaded)
     num_blocks: int = 0
     num_failed_blocks: int = 0   # planned but not loaded (missing, corrupt, peer gone): computed instead
     num_bytes: int = 0
@@ -101,7 +102,7 @@ class StoreAgent:
         started = time.perf_counter()
         keys = block_keys(self._seed, task.token_ids, self._block_size, task.extra_key)
         planned = list(zip(task.block_indexes, task.local_block_ids, task.nodes))
-        stats = StoreLoadStats()
+        stats = StoreLoadStats(num_local_tokens=task.num_local_tokens)
         try:
             for node, run in groupby(planned, key=lambda item: item[2]):
                 run = list(run)

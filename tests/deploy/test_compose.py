@@ -30,7 +30,8 @@ def _settings(service: dict):
 
 
 def test_services_run_the_three_roles_and_the_observability_stack(compose):
-    assert sorted(compose["services"]) == ["decode", "gateway", "grafana", "otel-collector", "prefill", "prometheus"]
+    assert sorted(compose["services"]) == ["decode", "gateway", "grafana", "otel-collector", "prefill", "prometheus",
+                                           "redis"]
     assert [_settings(compose["services"][name])[0] for name in PDMESH_SERVICES] == list(PDMESH_SERVICES)
 
 
@@ -55,6 +56,16 @@ def test_every_process_exports_traces_to_the_collector_and_is_scraped(compose):
         assert (telemetry.exporter, telemetry.otlp_endpoint) == ("otlp", f"otel-collector:{collector_port}")
         assert (telemetry.metrics_host, f"{name}:{telemetry.metrics_port}") == ("0.0.0.0", f"{name}:9400")
         assert f"{name}:{telemetry.metrics_port}" in targets["targets"]
+
+
+def test_prefill_keeps_its_kv_store_on_a_volume_and_indexes_it_in_the_redis_service(compose):
+    services = compose["services"]
+    _, prefill = _settings(services["prefill"])
+    assert prefill.store.enabled and prefill.store.redis_url == "redis://redis:6379/0"
+    assert f"kvstore:{prefill.store.nvme_dir}" in services["prefill"]["volumes"] and "kvstore" in compose["volumes"]
+    redis_command = services["redis"]["command"]
+    password = services["prefill"]["environment"]["PDMESH_WORKER_STORE__REDIS_PASSWORD"]
+    assert redis_command[redis_command.index("--requirepass") + 1] == password
 
 
 def test_healthcheck_probes_the_worker_port(compose):

@@ -25,6 +25,7 @@ from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.vllm
 BLOCK_SIZE = 32
+BLOCK_NBYTES = 4 * 2 * 32 * 128 * 4  # layers * (K,V) * block_size * (kv_heads * head_dim) * fp32
 PROMPT_TOKENS = STORE_PREFIX_TOKENS + STORE_SUFFIX_TOKENS
 MAX_TOKENS = 16
 
@@ -55,11 +56,12 @@ def _expected(reference, scenario: str) -> list[list[int]]:
     return [token_ids[:MAX_TOKENS] for token_ids in outputs[2 * i:2 * i + 2]]
 
 
-async def _generate(cluster, tokenizer_dir, prefill: int, prompt: list[int]):
+async def _generate(cluster, tokenizer_dir, prefill: int, prompt: list[int], request_id: str):
     """Tokens and final response of a request whose prefill runs on one chosen worker."""
     async with in_process_gateway(cluster, tokenizer_dir, prefill_workers=[cluster.prefill_addresses[prefill]]) \
             as address:
-        token_ids, _, last = await generate(address, make_request(prompt, max_tokens=MAX_TOKENS))
+        token_ids, _, last = await generate(address, make_request(prompt, max_tokens=MAX_TOKENS,
+                                                                  request_id=request_id))
     return token_ids, last
 
 
@@ -74,13 +76,13 @@ async def _first_then_second(cluster, tokenizer_dir, reference, scenario: str, f
     """Sends a scenario's two prompts; asserts both equal monolithic vLLM; returns the second's stats."""
     first_prompt, second_prompt = store_prompt_pair(scenario)
     want_first, want_second = _expected(reference, scenario)
-    token_ids, first = await _generate(cluster, tokenizer_dir, first_on, first_prompt)
+    token_ids, first = await _generate(cluster, tokenizer_dir, first_on, first_prompt, f"{scenario}-first")
     assert token_ids == want_first
     assert (first.transfer.prefill_computed_tokens, dict(first.transfer.prefill_store_tokens)) == (PROMPT_TOKENS, {})
     await _saved(cluster, first_on)
     if between is not None:
         await between()
-    token_ids, second = await _generate(cluster, tokenizer_dir, second_on, second_prompt)
+    token_ids, second = await _generate(cluster, tokenizer_dir, second_on, second_prompt, f"{scenario}-second")
     assert token_ids == want_second
     return second.transfer
 
@@ -106,7 +108,8 @@ async def test_a_shared_prefix_is_loaded_from_each_tier_and_only_the_rest_is_com
         STORE_SUFFIX_TOKENS, STORE_PREFIX_TOKENS)
 
 
-async def test_a_prefix_another_worker_computed_is_fetched_from_its_store(store_cluster, tiny_llama_dir, reference):
+async def test_a_prefix_another_worker_computed_is_fetched_from_its_store(store_cluster, tiny_llama_dir, reference,
+                                                                       otlp_receiver):
     before = await worker_stats(store_cluster.prefill_addresses[1])
     transfer = await _first_then_second(store_cluster, tiny_llama_dir, reference, "remote", 0, 1)
     assert dict(transfer.prefill_store_tokens) == {"remote": STORE_PREFIX_TOKENS}
@@ -114,6 +117,33 @@ async def test_a_prefix_another_worker_computed_is_fetched_from_its_store(store_
     after = await worker_stats(store_cluster.prefill_addresses[1])
     num_blocks = STORE_PREFIX_TOKENS // BLOCK_SIZE
     assert after.kv_store_hit_blocks["remote"] - before.kv_store_hit_blocks["remote"] == num_blocks
+    _assert_store_spans(otlp_receiver, "remote-second", num_blocks)
+
+
+def _assert_store_spans(otlp_receiver, request_id: str, num_blocks: int) -> None:
+    """The load, the fetch it made from the other node and the save all sit in the request's trace."""
+    wanted = {"prefill", "kvstore.load", "kvstore.serve", "kvstore.save"}
+
+    def mine(spans):
+        return [s for s in spans if s.attributes.get("pdmesh.request_id") == request_id]
+
+    spans = mine(otlp_receiver.wait_for(lambda all_: wanted <= {s.name for s in mine(all_)}))
+    by_name = {s.name: s for s in spans}
+    by_id = {s.span_id: s for s in spans}
+    assert len({s.trace_id for s in spans}) == 1
+
+    def parent_name(name: str) -> str:
+        return by_id[by_name[name].parent_span_id].name
+
+    assert parent_name("kvstore.load") == parent_name("kvstore.save") == "prefill"
+    assert parent_name("kvstore.serve") == "/pdmesh.v1.KVStore/Fetch"
+    assert by_name["kvstore.serve"].service == "pdmesh-prefill-engine"
+    load = by_name["kvstore.load"].attributes
+    assert (load["pdmesh.kvstore.tokens.remote"], load["pdmesh.kvstore.blocks"], load["pdmesh.kv.bytes"]) == (
+        num_blocks * BLOCK_SIZE, num_blocks, num_blocks * BLOCK_NBYTES)
+    assert by_name["kvstore.serve"].attributes["pdmesh.kv.bytes"] == num_blocks * BLOCK_NBYTES
+    # the second prompt's new full block (its suffix) is the only one this node lacked
+    assert by_name["kvstore.save"].attributes["pdmesh.kvstore.blocks_saved"] == num_blocks + 1
 
 
 @pytest.mark.parametrize("scenario", ["redis_flushed", "redis_restarted"])

@@ -96,3 +96,58 @@ def test_consumer_aborted_before_allocation_releases_the_producer():
     assert sched.request_finished(request, ([],)) == (False, None)
     (task,) = sched.build_connector_meta().recvs
     assert (task.block_indexes, task.report_done) == ([], False)
+
+
+class _FakeLookup:
+    """Stands in for the worker's KVStore service (tests/pdmesh/connector/test_store_agent.py and
+    tests/e2e/test_mesh_kvstore.py drive the real one)."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+        self.calls: list[tuple[int, bytes]] = []
+
+    def nodes_of_cached_prefix(self, prompt_token_ids, extra_key: bytes) -> list[str]:
+        self.calls.append((len(prompt_token_ids), extra_key))
+        return self.nodes
+
+
+def _prefill_request(num_tokens: int, cache_salt: str | None = None) -> _Request:
+    request = _Request("p-1", list(range(num_tokens)), kvp.prefill_params("mesh-1", {"traceparent": "t"}))
+    request.cache_salt = cache_salt
+    return request
+
+
+def test_producer_claims_the_store_hit_beyond_its_own_prefix_cache_and_asks_once():
+    lookup = _FakeLookup(["", "", "10.0.0.2:7"])  # 3 blocks: two here, one on another node
+    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:1", lookup)
+    request = _prefill_request(100, cache_salt="tenant-a")
+    assert sched.get_num_new_matched_tokens(request, 0) == (96, True)
+    assert sched.get_num_new_matched_tokens(request, 32) == (64, True)  # asked again: same plan
+    assert lookup.calls == [(100, b"tenant-a")]
+    sched.update_state_after_alloc(request, _Blocks([20, 21, 22, 23]), num_external_tokens=64)
+    (load,) = sched.build_connector_meta().loads
+    assert (load.block_indexes, load.local_block_ids, load.nodes) == ([1, 2], [21, 22], ["", "10.0.0.2:7"])
+    assert (load.token_ids, load.extra_key, load.pdmesh_request_id) == (list(range(96)), b"tenant-a", "mesh-1")
+    assert load.num_local_tokens == 32
+    assert load.trace_carrier == {"traceparent": "t"}
+    assert sched.get_num_new_matched_tokens(request, 0) == (0, False)  # after a (failed) load: recompute
+
+
+def test_producer_reports_a_store_load_in_its_handle_and_saves_with_the_salt():
+    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:7", _FakeLookup(["", ""]))
+    request = _prefill_request(70, cache_salt="tenant-a")
+    sched.get_num_new_matched_tokens(request, 0)
+    sched.update_state_after_alloc(request, _Blocks([5, 8, 9]), num_external_tokens=64)
+    request.status, request.num_computed_tokens = RequestStatus.FINISHED_LENGTH_CAPPED, 70
+    _, handle = sched.request_finished(request, ([5, 8, 9],))
+    assert handle[kvp.LOADED_FROM_STORE] is True
+    (send,) = sched.build_connector_meta().sends
+    assert (send.extra_key, send.pdmesh_request_id) == (b"tenant-a", "mesh-1")
+
+
+def test_no_store_hit_or_no_store_claims_nothing():
+    assert ConnectorScheduler(BLOCK_SIZE, "x", _FakeLookup([])).get_num_new_matched_tokens(
+        _prefill_request(100), 0) == (0, False)
+    assert ConnectorScheduler(BLOCK_SIZE, "x").get_num_new_matched_tokens(_prefill_request(100), 0) == (0, False)
+    sched = ConnectorScheduler(BLOCK_SIZE, "x", _FakeLookup(["", ""]))
+    assert sched.get_num_new_matched_tokens(_prefill_request(100), 64) == (0, False)  # own cache has it all
