@@ -50,9 +50,11 @@ def _up(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pdmesh-"))
     print(f"starting gateway + {args.prefill} prefill + {args.decode} decode on {model_dir} (logs: {run_dir})",
           flush=True)
+    worker_args = ["--store.redis_url", args.redis_url] if args.redis_url else []
     with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill,
-                      num_decode=args.decode, telemetry_args=_telemetry_flags(args),
-                      gateway_args=["--first_token_from", args.first_token_from]) as cluster:
+                      num_decode=args.decode, telemetry_args=_telemetry_flags(args), worker_args=worker_args,
+                      gateway_args=["--first_token_from", args.first_token_from],
+                      store_dir=run_dir / "kvstore") as cluster:
         print(f"gateway {cluster.gateway_address}; prefill {cluster.prefill_addresses}; "
               f"decode {cluster.decode_addresses}", flush=True)
         print("metrics " + ", ".join(f"{name} http://{address}/metrics"
@@ -96,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--run-dir", default=None)
     up.add_argument("--exit-after-demo", action="store_true")
     up.add_argument("--otlp-endpoint", default=None, help="export traces to this OTLP/gRPC collector (host:port)")
+    up.add_argument("--redis-url", default=None,
+                    help="Redis for the KV store's shared index (redis://host:port/db; password from "
+                         "PDMESH_WORKER_STORE__REDIS_PASSWORD): prefill workers reuse each other's prefixes")
     up.add_argument("--first-token-from", choices=["decode", "prefill"], default="decode",
                     help="decode: vLLM's P/D flow; prefill: SGLang's (prefill's token streams at once)")
     up.set_defaults(func=_up)
