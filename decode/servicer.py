@@ -8,7 +8,7 @@ from pdmesh.compat import check_compatible
 from pdmesh.connector.params import decode_params
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
-from pdmesh.sampling import finish_reason_of, to_vllm_sampling
+from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
@@ -32,7 +32,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             self._check(request)
             timer = TokenTimer(self._metrics)
             num_tokens = 0
-            async for output in self._engine.generate({"prompt_token_ids": list(request.prompt_token_ids)},
+            async for output in self._engine.generate(engine_prompt(request.prompt_token_ids, request.cache_salt),
                                                       self._sampling(request),
                                                       request_id=request.request_id):
                 completion = output.outputs[0]

@@ -15,10 +15,10 @@ async def serve(settings: GatewaySettings) -> None:
     gateway = Gateway(settings)
     try:
         address = await gateway.start()
-        logging.getLogger("gateway").info("gateway serving on %s (metrics %s)", address,
-                                          gateway.metrics_address or "off")
+        logging.getLogger("gateway").info("gateway serving on %s (HTTP %s, metrics %s)", address,
+                                          gateway.http_address or "off", gateway.metrics_address or "off")
         write_ready_file(settings.ready_file, address=address, role="gateway",
-                         metrics_address=gateway.metrics_address)
+                         metrics_address=gateway.metrics_address, http_address=gateway.http_address)
         await wait_for_termination_signal(settings.exit_with_parent)
         await gateway.stop()
     finally:

@@ -1,51 +1,127 @@
-"""Worker pool of the gateway: channels, worker info, and a round-robin pick of a compatible pair."""
+"""The gateway's workers: channels, their info, health (cooldown after a failed call), this
+gateway's in-flight count on each, and the latest load their registry record reported.
+
+Workers come from the static lists in the config and, with a registry, from Redis: a worker
+that joins is added, one whose record expired is removed (its channel closes once its calls end).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import grpc
-from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
 from pdmesh.compat import check_compatible
+from pdmesh.config import TlsSettings
 from pdmesh.errors import Incompatible, NoWorkerAvailable
+from pdmesh.registry import RegistryWatcher, WorkerRecord
+from pdmesh.telemetry.grpc_client import client_interceptors
+from pdmesh.tls import open_channel
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+CLOSE_GRACE_S = 30.0  # a removed worker's channel waits this long for its calls to end
 
 
 @dataclass
 class Worker:
     address: str
+    role: str
     channel: grpc.aio.Channel
+    static: bool = False                 # from the config's lists: never removed by the registry
     info: worker_pb2.WorkerInfoResponse | None = None
+    record: WorkerRecord | None = None   # latest registry record (its load), if any
+    in_flight: int = 0                   # this gateway's calls on it now
+    down_until: float = 0.0              # skipped until then (monotonic) after a connection failure
+
+    def queue(self) -> int:
+        """Requests on it: this gateway's, or what it last reported if more (other gateways' too)."""
+        reported = self.record.num_running + self.record.num_waiting if self.record else 0
+        return max(self.in_flight, reported)
 
 
 class WorkerPool:
-    policy = "round_robin"
-
-    def __init__(self, prefill_addresses: list[str], decode_addresses: list[str], info_timeout_s: float = 5.0):
-        self._prefill = [self._open(a) for a in prefill_addresses]
-        self._decode = [self._open(a) for a in decode_addresses]
-        self._prefill_turn = itertools.count()
-        self._decode_turn = itertools.count()
+    def __init__(self, prefill_addresses: list[str], decode_addresses: list[str], tls: TlsSettings | None = None,
+                 info_timeout_s: float = 5.0, cooldown_s: float = 5.0, registry: RegistryWatcher | None = None) -> None:
+        self._tls = tls or TlsSettings()
+        self._registry = registry
         self._info_timeout_s = info_timeout_s
+        self._cooldown_s = cooldown_s
+        self._workers: dict[str, Worker] = {}
+        self._background: set[asyncio.Task] = set()
+        for role, addresses in (("prefill", prefill_addresses), ("decode", decode_addresses)):
+            for address in addresses:
+                self._workers[address] = self._open(address, role, static=True)
 
-    async def pick_pair(self) -> tuple[Worker, Worker]:
-        """Next prefill and decode worker (round-robin) that answer and agree on the KV layout."""
-        prefill = await self._next_reachable(self._prefill, self._prefill_turn, "prefill")
-        decode = await self._next_reachable(self._decode, self._decode_turn, "decode")
+    def workers(self, role: str) -> list[Worker]:
+        return [w for w in self._workers.values() if w.role == role]
+
+    def sync_registry(self, records: Iterable[WorkerRecord]) -> None:
+        """Adds workers that joined, refreshes the load of known ones, drops those that left."""
+        seen = set()
+        for record in records:
+            seen.add(record.address)
+            worker = self._workers.get(record.address)
+            if worker is None:
+                worker = self._workers[record.address] = self._open(record.address, record.role)
+            worker.record = record
+        for address in [a for a, w in self._workers.items() if not w.static and a not in seen]:
+            self._spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
+
+    async def candidates(self, role: str, exclude: set[str] = frozenset()) -> list[Worker]:
+        """Workers of `role` not cooling down, not excluded, whose info is known (asked now if not)."""
+        if self._registry is not None:
+            self.sync_registry(self._registry.snapshot())
+        now = time.monotonic()
+        workers = [w for w in self.workers(role) if w.down_until <= now and w.address not in exclude]
+        ok = await asyncio.gather(*(self._ensure_info(w) for w in workers))
+        found = [w for w, has_info in zip(workers, ok) if has_info]
+        if not found:
+            raise NoWorkerAvailable(f"no reachable {role} worker among {[w.address for w in self.workers(role)]}")
+        return found
+
+    @staticmethod
+    def compatible_with(prefill: Worker, decodes: list[Worker]) -> list[Worker]:
+        """The decode workers that can take `prefill`'s KV (Incompatible naming the fields if none)."""
+        found, last_error = [], None
+        for decode in decodes:
+            try:
+                check_compatible(prefill.info.compat, decode.info.compat)
+                found.append(decode)
+            except Incompatible as exc:
+                last_error = exc
+        if not found:
+            raise Incompatible(f"prefill {prefill.address} and decode {decodes[0].address}: {last_error}")
+        return found
+
+    def mark_down(self, worker: Worker) -> None:
+        worker.down_until = time.monotonic() + self._cooldown_s
+        worker.info = None   # asked again when it is back (it may have restarted with another model)
+
+    @contextlib.contextmanager
+    def busy(self, worker: Worker) -> Iterator[None]:
+        worker.in_flight += 1
         try:
-            check_compatible(prefill.info.compat, decode.info.compat)
-        except Incompatible as exc:
-            raise Incompatible(f"prefill {prefill.address} and decode {decode.address}: {exc}") from exc
-        return prefill, decode
+            yield
+        finally:
+            worker.in_flight -= 1
+
+    async def any_info(self) -> worker_pb2.WorkerInfoResponse:
+        return (await self.candidates("decode"))[0].info
+
+    def release_kv_soon(self, handle: common_pb2.KVHandle) -> None:
+        """Frees a prefill's pinned blocks decode will not take, without waiting (works while cancelled)."""
+        if handle.transfer_id:
+            self._spawn(self.release_kv(handle))
 
     async def release_kv(self, handle: common_pb2.KVHandle) -> bool:
-        """Best effort: frees a prefill's pinned blocks when decode never took them."""
+        """Best effort; False when nothing was held (decode already released it) or prefill is gone."""
         async with grpc.aio.insecure_channel(handle.kv_address, options=GRPC_OPTIONS,
-                                             interceptors=aio_client_interceptors()) as channel:
+                                             interceptors=client_interceptors()) as channel:
             try:
                 response = await kv_transfer_pb2_grpc.KVTransferStub(channel).Release(
                     kv_transfer_pb2.ReleaseRequest(transfer_id=handle.transfer_id), timeout=self._info_timeout_s)
@@ -53,30 +129,31 @@ class WorkerPool:
                 return False
         return response.released
 
-    async def any_info(self) -> worker_pb2.WorkerInfoResponse:
-        return (await self._next_reachable(self._decode, self._decode_turn, "decode")).info
-
     async def close(self) -> None:
-        await asyncio.gather(*(w.channel.close() for w in self._prefill + self._decode))
+        if self._background:
+            await asyncio.wait(self._background, timeout=self._info_timeout_s)
+        await asyncio.gather(*(w.channel.close() for w in self._workers.values()))
 
-    @staticmethod
-    def _open(address: str) -> Worker:
-        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS, interceptors=aio_client_interceptors())
-        return Worker(address, channel)
+    def _open(self, address: str, role: str, static: bool = False) -> Worker:
+        channel = open_channel(address, self._tls, interceptors=client_interceptors())
+        return Worker(address, role, channel, static=static)
 
-    async def _next_reachable(self, workers: list[Worker], turn: itertools.count, role: str) -> Worker:
-        for _ in range(len(workers)):
-            worker = workers[next(turn) % len(workers)]
-            if await self._ensure_info(worker):
-                return worker
-        raise NoWorkerAvailable(f"no reachable {role} worker among {[w.address for w in workers]}")
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _ensure_info(self, worker: Worker) -> bool:
         if worker.info is not None:
             return True
         try:
             stub = worker_pb2_grpc.WorkerInfoStub(worker.channel)
-            worker.info = await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=self._info_timeout_s)
+            info = await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=self._info_timeout_s)
         except grpc.aio.AioRpcError:
+            self.mark_down(worker)
             return False
+        if info.role != worker.role:
+            self.mark_down(worker)
+            return False
+        worker.info = info
         return True

@@ -1,12 +1,22 @@
-"""Gateway process: serves the Generation API in front of the worker pool."""
+"""Gateway process: the Generation API over gRPC and the OpenAI-compatible HTTP API, in front of a
+worker pool fed by the config's lists and the Redis registry."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from gateway.auth import ApiKeyAuth
+from gateway.chat_template import ChatTemplate
+from gateway.generation import MeshGenerator
+from gateway.openai_http import OpenAIHttpServer
 from gateway.pool import WorkerPool
+from gateway.prefix_index import PrefixIndex
+from gateway.routing import make_policy
 from gateway.servicer import GenerationServicer
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.config import GatewaySettings
 from pdmesh.grpc_server import AioServer
+from pdmesh.registry import RegistryWatcher
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.v1 import generate_pb2, generate_pb2_grpc
 
@@ -18,21 +28,43 @@ class Gateway:
         self._settings = settings
         self.metrics = MeshMetrics("gateway")
         self.metrics_address = ""
-        self.pool = WorkerPool(settings.prefill_workers, settings.decode_workers)
+        self.http_address = ""
+        self.registry = RegistryWatcher(settings.registry) if settings.registry.redis_url else None
+        self.pool = WorkerPool(settings.prefill_workers, settings.decode_workers, settings.worker_tls,
+                               cooldown_s=settings.worker_cooldown_s, registry=self.registry)
+        self._index = (PrefixIndex(settings.kv_index_redis_url, settings.kv_index_redis_password)
+                       if settings.kv_index_redis_url else None)
+        tokenizer = PromptTokenizer(settings.tokenizer)
+        self.generator = MeshGenerator(self.pool, make_policy(settings.route_policy, self._index,
+                                                              settings.route_load_tokens),
+                                       tokenizer, settings, self.metrics)
+        auth = ApiKeyAuth(settings.api_keys)
         self._server = AioServer([SERVICE_NAME])
-        servicer = GenerationServicer(self.pool, PromptTokenizer(settings.tokenizer), settings.request_timeout_s,
-                                      self.metrics, settings.first_token_from)
-        generate_pb2_grpc.add_GenerationServicer_to_server(servicer, self._server.server)
+        generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(self.generator, auth),
+                                                           self._server.server)
+        self._http = (OpenAIHttpServer(self.generator, auth, tokenizer,
+                                       ChatTemplate.from_model_dir(Path(settings.tokenizer)))
+                      if settings.http_port is not None else None)
 
     async def start(self) -> str:
         telemetry = self._settings.telemetry
         if telemetry.metrics_port is not None:
             self.metrics_address = self.metrics.serve(telemetry.metrics_host, telemetry.metrics_port)
+        if self.registry is not None:
+            await self.registry.start()
         address = await self._server.start(self._settings.host, self._settings.port)
+        if self._http is not None:
+            self.http_address = await self._http.start(self._settings.host, self._settings.http_port)
         self.metrics.healthy.labels("gateway").set(1)
         return address
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.metrics.healthy.labels("gateway").set(0)
+        if self._http is not None:
+            await self._http.stop()
         await self._server.stop(grace_s)
+        if self.registry is not None:
+            await self.registry.stop()
         await self.pool.close()
+        if self._index is not None:
+            self._index.close()

@@ -14,8 +14,9 @@ class PromptTokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         self._tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
 
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Ids of `text`; chat prompts, whose template writes the special tokens itself, pass False."""
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids)

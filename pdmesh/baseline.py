@@ -2,7 +2,9 @@
 correctness tests (token-for-token) and benchmarks (throughput ratio).
 
 python -m pdmesh.baseline IN.json OUT.json, IN = {"model": DIR, "omp_threads_bind": "0-1", "runs":
-[{"prompts": [[ids...] | "text", ...], "sampling": {"max_tokens": N, ...}, "one_at_a_time": false}, ...]}; OUT = {"runs":
+[{"prompts": [[ids...] | "text", ...], "sampling": {"max_tokens": N, ...}, "one_at_a_time": false}, ...]}
+(or "chats": [[{"role": ..., "content": ...}, ...], ...] instead of "prompts": vLLM's LLM.chat with the
+model's chat template); OUT = {"runs":
 [{"token_ids": [[...]...], "prompt_token_ids": [[...]...], "seconds": wall time of generate()}, ...]}.
 """
 
@@ -29,12 +31,17 @@ def run_baseline(spec: dict) -> dict:
 
 def _run(llm, sampling_cls, run: dict) -> dict:
     """One generate() over all prompts (batched), or one per prompt when run["one_at_a_time"]."""
+    if "chats" in run:
+        return _outputs(llm.chat(run["chats"], sampling_cls(**run["sampling"]), use_tqdm=False), 0.0)
     prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in run["prompts"]]
     sampling = sampling_cls(**run["sampling"])
     batches = [[p] for p in prompts] if run.get("one_at_a_time") else [prompts]
     started = time.perf_counter()
     outputs = [o for batch in batches for o in llm.generate(batch, sampling, use_tqdm=False)]
-    seconds = time.perf_counter() - started
+    return _outputs(outputs, time.perf_counter() - started)
+
+
+def _outputs(outputs, seconds: float) -> dict:
     return {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],

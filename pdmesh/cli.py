@@ -23,11 +23,12 @@ def _build_models(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _print_stream(address: str, prompt: str, max_tokens: int, temperature: float) -> None:
+async def _print_stream(address: str, prompt: str, max_tokens: int, temperature: float,
+                        api_key: str | None = None) -> None:
     from pdmesh.client import make_request, stream_generate
 
     started = time.perf_counter()
-    async for response in stream_generate(address, make_request(prompt, max_tokens, temperature)):
+    async for response in stream_generate(address, make_request(prompt, max_tokens, temperature), api_key=api_key):
         print(response.text, end="", flush=True)
         if response.finish_reason:
             seconds = time.perf_counter() - started
@@ -38,7 +39,7 @@ async def _print_stream(address: str, prompt: str, max_tokens: int, temperature:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    asyncio.run(_print_stream(args.gateway, args.prompt, args.max_tokens, args.temperature))
+    asyncio.run(_print_stream(args.gateway, args.prompt, args.max_tokens, args.temperature, args.api_key))
     return 0
 
 
@@ -50,13 +51,15 @@ def _up(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pdmesh-"))
     print(f"starting gateway + {args.prefill} prefill + {args.decode} decode on {model_dir} (logs: {run_dir})",
           flush=True)
-    worker_args = ["--store.redis_url", args.redis_url] if args.redis_url else []
+    redis = ["--registry.redis_url", args.redis_url] if args.redis_url else []
+    worker_args = [*redis, "--store.redis_url", args.redis_url] if args.redis_url else []
+    gateway_args = ["--first_token_from", args.first_token_from, "--http_port", str(args.http_port), *redis,
+                    *(["--kv_index_redis_url", args.redis_url] if args.redis_url else [])]
     with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill,
                       num_decode=args.decode, telemetry_args=_telemetry_flags(args), worker_args=worker_args,
-                      gateway_args=["--first_token_from", args.first_token_from],
-                      store_dir=run_dir / "kvstore") as cluster:
-        print(f"gateway {cluster.gateway_address}; prefill {cluster.prefill_addresses}; "
-              f"decode {cluster.decode_addresses}", flush=True)
+                      gateway_args=gateway_args, store_dir=run_dir / "kvstore") as cluster:
+        print(f"gateway {cluster.gateway_address} (OpenAI API http://{cluster.http_address}/v1); "
+              f"prefill {cluster.prefill_addresses}; decode {cluster.decode_addresses}", flush=True)
         print("metrics " + ", ".join(f"{name} http://{address}/metrics"
                                      for name, address in cluster.metrics_addresses.items()), flush=True)
         print(f"> {args.prompt}", flush=True)
@@ -98,9 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--run-dir", default=None)
     up.add_argument("--exit-after-demo", action="store_true")
     up.add_argument("--otlp-endpoint", default=None, help="export traces to this OTLP/gRPC collector (host:port)")
+    up.add_argument("--http-port", type=int, default=8000, help="the gateway's OpenAI-compatible HTTP API")
     up.add_argument("--redis-url", default=None,
-                    help="Redis for the KV store's shared index (redis://host:port/db; password from "
-                         "PDMESH_WORKER_STORE__REDIS_PASSWORD): prefill workers reuse each other's prefixes")
+                    help="Redis (redis://[:password@]host:port/db) for the worker registry and the KV store's "
+                         "shared index: prefill workers reuse each other's prefixes, routing follows them")
     up.add_argument("--first-token-from", choices=["decode", "prefill"], default="decode",
                     help="decode: vLLM's P/D flow; prefill: SGLang's (prefill's token streams at once)")
     up.set_defaults(func=_up)
@@ -110,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--gateway", default="127.0.0.1:50051")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--api-key", default=None, help="sent as 'authorization: Bearer <key>'")
     gen.set_defaults(func=_generate)
     return parser
 

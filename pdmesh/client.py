@@ -19,20 +19,26 @@ def make_request(prompt: str | Sequence[int], max_tokens: int = 32, temperature:
         request_id=request_id, token_ids=generate_pb2.TokenIds(ids=list(prompt)), sampling=sampling)
 
 
-async def stream_generate(address: str, request: generate_pb2.GenerateRequest,
-                          timeout_s: float = 300.0) -> AsyncIterator[generate_pb2.GenerateResponse]:
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying an API key the way the gateway reads it."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+async def stream_generate(address: str, request: generate_pb2.GenerateRequest, timeout_s: float = 300.0,
+                          api_key: str | None = None) -> AsyncIterator[generate_pb2.GenerateResponse]:
     async with grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) as channel:
-        async for response in generate_pb2_grpc.GenerationStub(channel).Generate(request, timeout=timeout_s):
+        async for response in generate_pb2_grpc.GenerationStub(channel).Generate(
+                request, timeout=timeout_s, metadata=auth_metadata(api_key)):
             yield response
 
 
-async def generate(address: str, request: generate_pb2.GenerateRequest) -> tuple[list[int], str,
-                                                                                    generate_pb2.GenerateResponse]:
+async def generate(address: str, request: generate_pb2.GenerateRequest,
+                   api_key: str | None = None) -> tuple[list[int], str, generate_pb2.GenerateResponse]:
     """Collects the whole stream: (token ids, text, last message)."""
     token_ids: list[int] = []
     pieces: list[str] = []
     last = generate_pb2.GenerateResponse()
-    async for response in stream_generate(address, request):
+    async for response in stream_generate(address, request, api_key=api_key):
         token_ids.extend(response.token_ids)
         pieces.append(response.text)
         last = response

@@ -42,12 +42,15 @@ class LocalCluster:
     telemetry_args: list[str] = field(default_factory=list)  # --telemetry.* flags for every process
     gateway_args: list[str] = field(default_factory=list)    # extra CLI flags for the gateway
     store_dir: Path | None = None   # each prefill worker's KV store keeps its NVMe tier in a folder under it
+    static_workers: bool = True     # False: the gateway finds the workers in the registry only
     startup_timeout_s: float = 300.0
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
     decode_addresses: list[str] = field(default_factory=list)
     prefill_addresses_kv: list[str] = field(default_factory=list)   # their KV-transfer servers
     gateway_address: str = ""
+    http_address: str = ""          # the gateway's OpenAI API, when gateway_args has --http_port
+    worker_names: dict[str, str] = field(default_factory=dict)        # worker address: process name
     metrics_addresses: dict[str, str] = field(default_factory=dict)  # process name: host:port of /metrics
 
     def start(self) -> "LocalCluster":
@@ -60,9 +63,11 @@ class LocalCluster:
             self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
             self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]
             self.prefill_addresses_kv = [r["kv_address"] for r in ready if r["role"] == "prefill"]
+            self.worker_names = {r["address"]: p.name for p, r in zip(workers, ready)}
             gateway = self._spawn_gateway()
             ready.append(self._wait_ready(gateway))
             self.gateway_address = ready[-1]["address"]
+            self.http_address = ready[-1].get("http_address", "")
             self.metrics_addresses = {p.name: r["metrics_address"] for p, r in zip([*workers, gateway], ready)
                                       if r.get("metrics_address")}
         except BaseException:
@@ -83,6 +88,12 @@ class LocalCluster:
                 process.popen.wait()
         self._processes.clear()
 
+    def kill(self, name: str) -> None:
+        """SIGKILLs a process (and its engine's processes): a crash, not a shutdown."""
+        process = next(p for p in self._processes if p.name == name)
+        os.killpg(process.popen.pid, signal.SIGKILL)
+        process.popen.wait()
+
     def logs(self) -> str:
         return "\n".join(f"==> {p.name} <==\n{p.log_path.read_text()[-4000:]}" for p in self._processes)
 
@@ -101,9 +112,11 @@ class LocalCluster:
         return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args])
 
     def _spawn_gateway(self) -> _Process:
-        args = ["--port", str(self.gateway_port), "--tokenizer", str(self.model_dir),
-                "--prefill_workers", json.dumps(self.prefill_addresses),
-                "--decode_workers", json.dumps(self.decode_addresses), *self.gateway_args, *self.telemetry_args]
+        args = ["--port", str(self.gateway_port), "--tokenizer", str(self.model_dir), *self.gateway_args,
+                *self.telemetry_args]
+        if self.static_workers:
+            args += ["--prefill_workers", json.dumps(self.prefill_addresses),
+                     "--decode_workers", json.dumps(self.decode_addresses)]
         return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
 
     def _spawn(self, name: str, command: list[str]) -> _Process:

@@ -58,6 +58,31 @@ class StoreSettings(BaseModel):
     fetch_timeout_s: float = 10.0         # a fetch from another node's store
 
 
+class TlsSettings(BaseModel):
+    """Mutual TLS on the gateway-worker links: PEM files. A worker with cert+key serves TLS and, given
+    ca_file, requires client certificates signed by it; the gateway dials with its own cert+key and
+    trusts servers signed by ca_file. Unset (the default): plaintext."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    ca_file: Path | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None or self.ca_file is not None
+
+
+class RegistrySettings(BaseModel):
+    """The worker registry in Redis: workers heartbeat a record with a TTL; gateways watch it."""
+
+    redis_url: str | None = None          # None: no registry (the gateway uses its static lists)
+    redis_password: str | None = None
+    heartbeat_s: float = 1.0              # a worker refreshes its record this often
+    ttl_s: float = 3.0                    # a record not refreshed for this long is gone
+    poll_s: float = 0.5                   # the gateway re-reads the registry this often
+    prefix: str = "pdmesh:workers"
+
+
 class _LayeredSettings(BaseSettings):
     """Adds a config file (path in `config_file`, from env or CLI) below env and CLI."""
 
@@ -116,11 +141,19 @@ class WorkerSettings(_LayeredSettings):
     kv_port: int = 0                   # 0: pick a free port before the engine starts
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0
+    advertise_host: str | None = None  # how gateways reach this worker (registry record); default host
     ready_file: Path | None = None     # written with {"address": ...} once serving
     exit_with_parent: bool = False     # stop when the launching process dies (local clusters, tests)
+    tls: TlsSettings = Field(default_factory=TlsSettings)             # mTLS of the Prefill/Decode/WorkerInfo port
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)   # prefill only
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    @property
+    def address_for_gateways(self) -> str:
+        """host (advertise_host if set) of the worker's main port; the port is filled in once bound."""
+        return self.advertise_host or self.host
 
     @property
     def kv_host_for_peers(self) -> str:
@@ -141,6 +174,24 @@ class GatewaySettings(_LayeredSettings):
     # monolithic engine). "prefill": SGLang's, prefill's token streams at once and decode starts
     # from prompt + token (earlier first token, no recompute; a new seed stream from token 2 on).
     first_token_from: Literal["decode", "prefill"] = "decode"
+    http_port: int | None = None        # OpenAI-compatible HTTP API; 0 picks a free port; None: off
+    # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".
+    route_policy: Literal["round_robin", "least_loaded", "prefix_aware"] = "prefix_aware"
+    route_load_tokens: int = 256        # prefix_aware: one queued request costs as much as computing this many tokens
+    kv_index_redis_url: str | None = None   # the KV store's Redis index (prefix_aware reads it)
+    kv_index_redis_password: str | None = None
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    worker_tls: TlsSettings = Field(default_factory=TlsSettings)    # the gateway's client side of mTLS
+    # Limits: a request beyond them is INVALID_ARGUMENT / 400; beyond max_in_flight, RESOURCE_EXHAUSTED / 429.
+    max_prompt_tokens: int | None = None
+    max_tokens_limit: int | None = None
+    max_in_flight: int = 256
+    max_attempts: int = 3               # tries per request across workers (failover), first included
+    worker_cooldown_s: float = 5.0      # a worker that failed a call is skipped this long
+    # API keys (gRPC `authorization: Bearer <key>` metadata, HTTP `Authorization: Bearer <key>`),
+    # key -> tenant. Empty: no auth. Each tenant's prompts get their own cache salt, so no tenant
+    # ever hits another's cached prefix.
+    api_keys: dict[str, str] = Field(default_factory=dict)
     ready_file: Path | None = None
     exit_with_parent: bool = False
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

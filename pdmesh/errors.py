@@ -35,3 +35,19 @@ class NoWorkerAvailable(PDMeshError):
 
 class WorkerFailed(PDMeshError):
     """A worker failed while serving the request."""
+
+
+class Unauthenticated(PDMeshError):
+    """No API key, or one the gateway does not know."""
+
+
+class Overloaded(PDMeshError):
+    """The gateway is at its admission limit; retry later."""
+
+
+class DeadlineExceeded(PDMeshError):
+    """The request's deadline passed before it finished."""
+
+
+class Cancelled(PDMeshError):
+    """The client went away or cancelled the request."""

@@ -28,8 +28,12 @@ class AioServer:
             [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
         self.address = ""
 
-    async def start(self, host: str, port: int) -> str:
-        bound = self.server.add_insecure_port(f"{host}:{port}")
+    async def start(self, host: str, port: int, credentials: grpc.ServerCredentials | None = None) -> str:
+        """Binds host:port (TLS when credentials are given), starts serving and marks SERVING."""
+        if credentials is None:
+            bound = self.server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = self.server.add_secure_port(f"{host}:{port}", credentials)
         if bound == 0:
             raise OSError(f"could not bind {host}:{port}")
         await self.server.start()

@@ -32,3 +32,11 @@ def to_vllm_sampling(sampling: common_pb2.SamplingParams, kv_transfer_params: di
         output_kind=RequestOutputKind.DELTA,
         extra_args={"kv_transfer_params": kv_transfer_params},
     )
+
+
+def engine_prompt(prompt_token_ids, cache_salt: str = "") -> dict[str, Any]:
+    """vLLM's TokensPrompt; a cache salt keeps the request's KV apart from other salts' (tenants)."""
+    prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
+    if cache_salt:
+        prompt["cache_salt"] = cache_salt
+    return prompt

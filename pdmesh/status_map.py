@@ -15,6 +15,10 @@ STATUS_TABLE: dict[type[errors.PDMeshError], tuple[grpc.StatusCode, int]] = {
     errors.BlockHashMismatch: (grpc.StatusCode.DATA_LOSS, 502),
     errors.NoWorkerAvailable: (grpc.StatusCode.UNAVAILABLE, 503),
     errors.WorkerFailed: (grpc.StatusCode.UNAVAILABLE, 503),
+    errors.Unauthenticated: (grpc.StatusCode.UNAUTHENTICATED, 401),
+    errors.Overloaded: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+    errors.DeadlineExceeded: (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+    errors.Cancelled: (grpc.StatusCode.CANCELLED, 499),
 }
 
 # Several errors share a code; the exact one travels as trailing metadata under this key.

@@ -7,11 +7,14 @@ import logging
 from collections.abc import Callable
 
 from pdmesh.config import WorkerSettings
+from pdmesh.connector.engine_core_ext import scheduler_stats
 from pdmesh.engine import build_worker_engine, free_port
 from pdmesh.errors import Incompatible
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_ready_file
 from pdmesh.telemetry.logs import configure_logging
+from pdmesh.tls import server_credentials
+from pdmesh.worker_registration import WorkerRegistration
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -31,7 +34,7 @@ class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServicer):
 
     async def GetStats(self, request, context):
         counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
-        return worker_pb2.WorkerStats(**counters)
+        return worker_pb2.WorkerStats(**counters, **await scheduler_stats(self._engine))
 
     @maps_domain_errors
     async def SpillKV(self, request, context):
@@ -66,7 +69,8 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
         add_servicer(server, engine, info, metrics)
         metrics_address = _serve_metrics(settings, metrics)
-        address = await server.start(settings.host, settings.port)
+        address = await server.start(settings.host, settings.port, credentials=server_credentials(settings.tls))
+        registration = await _register(settings, engine, info, address)
         if metrics_address and settings.role == "prefill":  # only a producer's engine counts bytes sent
             ConnectorCounterSync(engine, metrics).attach(asyncio.get_running_loop())
         metrics.healthy.labels(settings.role).set(1)
@@ -76,10 +80,21 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
                          metrics_address=metrics_address)
         await wait_for_termination_signal(settings.exit_with_parent)
         metrics.healthy.labels(settings.role).set(0)
+        if registration is not None:
+            await registration.stop()
         await server.stop()
     finally:
         engine.shutdown()
         shutdown_tracing(provider)
+
+
+async def _register(settings: WorkerSettings, engine, info: worker_pb2.WorkerInfoResponse,
+                    address: str) -> WorkerRegistration | None:
+    if not settings.registry.redis_url:
+        return None
+    registration = WorkerRegistration(settings, engine, info, f"{settings.address_for_gateways}:{address.rsplit(':', 1)[1]}")
+    await registration.start()
+    return registration
 
 
 def _serve_metrics(settings: WorkerSettings, metrics: MeshMetrics) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from pdmesh.connector.params import LOADED_FROM_STORE, handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
-from pdmesh.sampling import finish_reason_of, to_vllm_sampling
+from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
@@ -24,12 +25,17 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         self._engine = engine
         self._info = info
         self._metrics = metrics
+        self._background: set[asyncio.Task] = set()
 
     @maps_domain_errors
     async def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
         with request_context(request.request_id), tracer().start_as_current_span("prefill") as span, \
                 observe_request(self._metrics):
-            response = await self._prefill(request)
+            try:
+                response = await self._prefill(request)
+            except asyncio.CancelledError:
+                self._release_soon(request.request_id)
+                raise
             span.set_attributes({"pdmesh.tokens_computed": response.num_computed_tokens,
                                  "pdmesh.tokens_reused": response.num_cached_tokens,
                                  "pdmesh.kv_blocks": len(response.kv.block_ids),
@@ -48,7 +54,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         vllm_sampling = to_vllm_sampling(sampling, prefill_params(request.request_id, inject_carrier()), max_tokens=1)
         timer = TokenTimer(self._metrics)
         token_ids, pieces, final = [], [], None
-        async for output in self._engine.generate({"prompt_token_ids": prompt_token_ids}, vllm_sampling,
+        async for output in self._engine.generate(engine_prompt(prompt_token_ids, request.cache_salt), vllm_sampling,
                                                   request_id=request.request_id):
             completion = output.outputs[0]
             timer.on_chunk(len(completion.token_ids))
@@ -74,6 +80,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             first_text="".join(pieces),
             finish_reason=finish_reason_of(final.outputs[0].finish_reason),
         )
+
+    def _release_soon(self, request_id: str) -> None:
+        """The caller went away: the engine may have finished the request and pinned its KV for a
+        decode that will never come. Free it now (or as soon as the engine registers it)."""
+        task = asyncio.get_running_loop().create_task(
+            self._engine.collective_rpc("pdmesh_release_request", args=(request_id,)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _store_stats(self, request_id: str, kv_params: dict) -> dict | None:
         """What the KV store loaded for this request (StoreLoadStats), if it loaded anything."""

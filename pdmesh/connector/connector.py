@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
+from pdmesh.connector.engine_core_ext import install_scheduler_stats
 from pdmesh.connector.metadata import PDMeshConnectorMetadata
 from pdmesh.connector.scheduler_side import ConnectorScheduler
 from pdmesh.config import StoreSettings, TelemetrySettings
@@ -43,6 +44,7 @@ class PDMeshConnector(KVConnectorBase_V1):
         self._worker: ConnectorWorker | None = None
         store = StoreSettings(**extra["store"]) if extra.get("store") else None
         if role == KVConnectorRole.SCHEDULER:
+            install_scheduler_stats()  # this runs in the engine core's process
             advertise_host = str(extra.get("kv_advertise_host", kv_host))
             local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
             lookup = (StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s)

@@ -23,6 +23,10 @@ class PDMeshWorkerExtension:
             return None
         return store.store.spill(tier)
 
+    def pdmesh_release_request(self, request_id: str) -> int:
+        """Frees the KV a cancelled prefill request holds (or will hold once the engine registers it)."""
+        return _connector_worker().held.release_request(request_id)
+
     def pdmesh_counters(self) -> dict:
         """Field names of pdmesh.v1.WorkerStats."""
         return _connector_worker().counters()

@@ -135,7 +135,8 @@ class ConnectorWorker:
         hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
                                     include_partial=True)
         self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(hashes),
-                                    deadline=time.monotonic() + self._hold_timeout_s))
+                                    deadline=time.monotonic() + self._hold_timeout_s,
+                                    request_id=send.pdmesh_request_id))
 
     def _save(self, send: SendTask) -> None:
         token = context.attach(extract_carrier(send.trace_carrier))

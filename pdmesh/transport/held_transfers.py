@@ -16,6 +16,7 @@ class HeldTransfer:
     block_ids: tuple[int, ...]
     block_hashes: tuple[bytes, ...]
     deadline: float  # time.monotonic() after which the blocks are freed without a release
+    request_id: str = ""  # the pdmesh request it belongs to (the transfer id is the engine's own id)
 
 
 class HeldTransfers:
@@ -32,12 +33,14 @@ class HeldTransfers:
         self._finished: set[str] = set()
         self._leases: Counter[str] = Counter()  # transfer id: local readers (the KV store's save)
         self._released_early: dict[str, float] = {}  # transfer id: forget after this monotonic time
+        self._cancelled_early: dict[str, float] = {}  # pdmesh request id: forget after this monotonic time
         self._early_release_ttl_s = early_release_ttl_s
         self._num_expired = 0
 
     def hold(self, transfer: HeldTransfer) -> None:
         with self._cond:
-            if self._released_early.pop(transfer.transfer_id, None) is not None:
+            early = self._released_early.pop(transfer.transfer_id, None)
+            if early is not None or self._cancelled_early.pop(transfer.request_id, None) is not None:
                 self._finished.add(transfer.transfer_id)
                 return
             self._held[transfer.transfer_id] = transfer
@@ -61,6 +64,18 @@ class HeldTransfers:
             self._finished.add(transfer_id)
             return True
 
+    def release_request(self, request_id: str) -> int:
+        """Frees what a cancelled request holds: its transfers, or the one the engine registers next
+        (remembered until early_release_ttl_s). The number freed now."""
+        with self._cond:
+            ids = [tid for tid, held in self._held.items() if held.request_id == request_id]
+            for transfer_id in ids:
+                del self._held[transfer_id]
+                self._finished.add(transfer_id)
+            if not ids and request_id:
+                self._cancelled_early[request_id] = time.monotonic() + self._early_release_ttl_s
+            return len(ids)
+
     def lease(self, transfer_id: str) -> None:
         """A local reader of the blocks: they are not freed, released or expired, until unleased."""
         with self._cond:
@@ -79,8 +94,9 @@ class HeldTransfers:
             expired = [tid for tid, held in self._held.items() if held.deadline <= now and tid not in self._leases]
             for transfer_id in expired:
                 del self._held[transfer_id]
-            for transfer_id in [tid for tid, until in self._released_early.items() if until <= now]:
-                del self._released_early[transfer_id]
+            for early in (self._released_early, self._cancelled_early):
+                for key in [key for key, until in early.items() if until <= now]:
+                    del early[key]
             self._num_expired += len(expired)
             self._finished |= set(expired)
             finished = {tid for tid in self._finished if tid not in self._leases}

@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "token_ids", "sampling")
+    __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
     token_ids: TokenIds
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -44,7 +46,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ...) -> None: ...
 
 class TransferStats(_message.Message):
-    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker", "first_block_seconds", "prefill_computed_tokens", "prefill_cached_tokens", "prefill_store_tokens")
+    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker", "first_block_seconds", "prefill_computed_tokens", "prefill_cached_tokens", "prefill_store_tokens", "num_failovers", "resumed_at_token")
     class PrefillStoreTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +64,8 @@ class TransferStats(_message.Message):
     PREFILL_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_STORE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FAILOVERS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_AT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     num_bytes: int
     seconds: float
@@ -72,7 +76,9 @@ class TransferStats(_message.Message):
     prefill_computed_tokens: int
     prefill_cached_tokens: int
     prefill_store_tokens: _containers.ScalarMap[str, int]
-    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., first_block_seconds: _Optional[float] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., prefill_store_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    num_failovers: int
+    resumed_at_token: int
+    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., first_block_seconds: _Optional[float] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., prefill_store_tokens: _Optional[_Mapping[str, int]] = ..., num_failovers: _Optional[int] = ..., resumed_at_token: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

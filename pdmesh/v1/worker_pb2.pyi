@@ -24,7 +24,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers", "kv_store_blocks", "kv_store_occupancy_bytes", "kv_store_hit_blocks", "kv_store_corrupt_blocks", "kv_store_blocks_saved", "kv_store_blocks_loaded", "kv_store_failed_blocks", "kv_store_pinned_blocks", "kv_store_dropped_blocks", "kv_store_index_errors")
+    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers", "kv_store_blocks", "kv_store_occupancy_bytes", "kv_store_hit_blocks", "kv_store_corrupt_blocks", "kv_store_blocks_saved", "kv_store_blocks_loaded", "kv_store_failed_blocks", "kv_store_pinned_blocks", "kv_store_dropped_blocks", "kv_store_index_errors", "num_running_requests", "num_waiting_requests", "kv_cache_usage", "num_kv_blocks")
     class KvStoreOccupancyBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,10 @@ class WorkerStats(_message.Message):
     KV_STORE_PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_STORE_DROPPED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_STORE_INDEX_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     kv_blocks_received: int
     kv_bytes_received: int
     kv_failed_blocks: int
@@ -73,7 +77,11 @@ class WorkerStats(_message.Message):
     kv_store_pinned_blocks: int
     kv_store_dropped_blocks: int
     kv_store_index_errors: int
-    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ...) -> None: ...
+    num_running_requests: int
+    num_waiting_requests: int
+    kv_cache_usage: float
+    num_kv_blocks: int
+    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
@@ -96,14 +104,16 @@ class WorkerInfoResponse(_message.Message):
     def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., kv_address: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("request_id", "kv", "num_computed_tokens", "num_cached_tokens", "first_token_id", "first_text", "finish_reason", "kv_store_tokens")
@@ -133,16 +143,18 @@ class PrefillResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., first_token_id: _Optional[int] = ..., first_text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., kv_store_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "kv")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "kv", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     kv: _common_pb2.KVHandle
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds")

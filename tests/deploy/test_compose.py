@@ -44,7 +44,19 @@ def test_gateway_points_at_the_workers_ports_and_workers_advertise_reachable_kv(
     assert gateway.decode_workers == [f"decode:{decode.port}"]
     assert (prefill.kv_host, prefill.kv_advertise_host) == ("0.0.0.0", "prefill")
     assert prefill.host == decode.host == gateway.host == "0.0.0.0"
-    assert services["gateway"]["ports"] == [f"{gateway.port}:{gateway.port}"]
+    assert services["gateway"]["ports"] == [f"{gateway.port}:{gateway.port}", f"{gateway.http_port}:{gateway.http_port}"]
+
+
+def test_workers_register_under_the_names_the_gateway_dials_in_the_redis_service(compose):
+    services = compose["services"]
+    _, gateway = _settings(services["gateway"])
+    for role in ("prefill", "decode"):
+        _, worker = _settings(services[role])
+        assert (worker.advertise_host, worker.registry.redis_url) == (role, "redis://redis:6379/0")
+        assert services[role]["environment"]["PDMESH_WORKER_REGISTRY__REDIS_PASSWORD"].startswith(
+            "${PDMESH_REDIS_PASSWORD")
+    assert gateway.registry.redis_url == gateway.kv_index_redis_url == "redis://redis:6379/0"
+    assert gateway.route_policy == "prefix_aware"
 
 
 def test_every_process_exports_traces_to_the_collector_and_is_scraped(compose):

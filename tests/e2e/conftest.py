@@ -16,7 +16,8 @@ import pytest
 
 from gateway.server import Gateway
 from pdmesh.cluster import LocalCluster
-from pdmesh.config import GatewaySettings
+from pdmesh.config import GatewaySettings, TlsSettings
+from pdmesh.tls import open_channel
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.otlp_receiver import OtlpReceiver
 
@@ -53,6 +54,14 @@ def token_prompts() -> list[list[int]]:
 
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
 
+# The gateway-for-users tests (test_gateway_users.py): OpenAI API prompts, a chat, and a long greedy
+# generation that a decode worker is killed in the middle of.
+USER_TEXT_PROMPTS = ["Hello world, the kalo mine is ready.", "Quexst tamira lodebe is the fa of hello."]
+USER_CHATS = [[{"role": "system", "content": "You answer briefly."},
+               {"role": "user", "content": "Hello world, is the kalo mine ready?"}]]
+FAILOVER_PROMPT = [0] + [(i * 53 + 7) % 1000 + 3 for i in range(99)]
+FAILOVER_SAMPLING = {"max_tokens": 200, "temperature": 0.0, "ignore_eos": True}
+
 
 def run_reference(model_dir: Path, runs: list[dict], work: Path) -> dict:
     """Runs pdmesh.baseline (one monolithic vLLM engine on both cores) in a subprocess."""
@@ -67,13 +76,17 @@ def run_reference(model_dir: Path, runs: list[dict], work: Path) -> dict:
 @pytest.fixture(scope="session")
 def reference(tiny_llama_dir, tmp_path_factory) -> dict:
     """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
-    [3] greedy on LOST_KV_PROMPT, [4] greedy on the KV-store scenarios' prompt pairs (flattened)."""
+    [3] greedy on LOST_KV_PROMPT, [4] greedy on the KV-store scenarios' prompt pairs (flattened),
+    [5] greedy on USER_TEXT_PROMPTS, [6] greedy on USER_CHATS (vLLM's chat), [7] FAILOVER_PROMPT."""
     return run_reference(tiny_llama_dir, [
         {"prompts": token_prompts(), "sampling": GREEDY},
         {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
         {"prompts": token_prompts()[:4], "sampling": SEEDED},
         {"prompts": [LOST_KV_PROMPT], "sampling": GREEDY},
         {"prompts": [p for scenario in STORE_SCENARIOS for p in store_prompt_pair(scenario)], "sampling": GREEDY},
+        {"prompts": USER_TEXT_PROMPTS, "sampling": GREEDY},
+        {"chats": USER_CHATS, "sampling": GREEDY},
+        {"prompts": [FAILOVER_PROMPT], "sampling": FAILOVER_SAMPLING},
     ], tmp_path_factory.mktemp("reference"))
 
 
@@ -106,20 +119,20 @@ def assert_nothing_pinned(cluster: LocalCluster, num_expired: int = 0) -> None:
         assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, num_expired), address
 
 
-async def worker_stats(address: str) -> worker_pb2.WorkerStats:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def worker_stats(address: str, tls: TlsSettings | None = None) -> worker_pb2.WorkerStats:
+    async with open_channel(address, tls or TlsSettings()) as channel:
         return await worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest())
 
 
 @contextlib.asynccontextmanager
 async def in_process_gateway(cluster: LocalCluster, tokenizer_dir: Path, prefill_workers: list[str] | None = None,
-                             **settings):
+                             with_gateway: bool = False, **settings):
     """A second gateway (here, in the test's process) in front of the cluster's workers."""
+    settings.setdefault("decode_workers", cluster.decode_addresses)
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=prefill_workers or cluster.prefill_addresses,
-                                      decode_workers=cluster.decode_addresses, tokenizer=str(tokenizer_dir),
-                                      **settings))
+                                      tokenizer=str(tokenizer_dir), **settings))
     address = await gateway.start()
     try:
-        yield address
+        yield (gateway, address) if with_gateway else address
     finally:
         await gateway.stop(0)

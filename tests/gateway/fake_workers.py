@@ -21,10 +21,11 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
     """Prefill answers a handle; decode echoes prompt ids back as 'generated' tokens."""
 
     def __init__(self, role: str, compat: common_pb2.CompatInfo = COMPAT, kv_address: str = "127.0.0.1:1",
-                 fail_decode: bool = False) -> None:
+                 fail_decode: bool = False, fail_after: int | None = None) -> None:
         self.info = info(role, compat)
         self.kv_address = kv_address
         self.fail_decode = fail_decode
+        self.fail_after = fail_after   # decode: streams this many tokens, then dies (UNAVAILABLE)
         self.prefill_finish = common_pb2.FINISH_REASON_LENGTH  # of prefill's one-token generation
         self.requests: list = []
         self.server = AioServer([])
@@ -47,7 +48,9 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.requests.append(request)
         if self.fail_decode:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died")
-        for token_id in request.prompt_token_ids[:request.sampling.max_tokens]:
+        for i, token_id in enumerate(request.prompt_token_ids[:request.sampling.max_tokens]):
+            if i == self.fail_after:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died mid-stream")
             yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
         yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,
                                         num_cached_tokens=len(request.prompt_token_ids))

@@ -3,7 +3,9 @@ to it, Ctrl-C stops every process it started."""
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
 import signal
 import subprocess
 import sys
@@ -29,6 +31,13 @@ def _read_until(process: subprocess.Popen, pattern: str, timeout_s: float) -> tu
     raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(lines)}")
 
 
+def _post_json(url: str, body: dict) -> dict:
+    """What curl would do: POST a JSON body, read the JSON answer."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
 def _processes_of(run_dir: Path, but: int) -> list[str]:
     """Pids whose command line names run_dir (the cluster's processes), except `but`."""
     out = subprocess.run(["pgrep", "-f", "--", f"--ready_file {run_dir}"], capture_output=True, text=True)
@@ -38,7 +47,7 @@ def _processes_of(run_dir: Path, but: int) -> list[str]:
 def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
     run_dir = tmp_path / "run"
     up = subprocess.Popen([*PDMESH, "up", "--model", str(tiny_llama_dir), "--port", "0", "--max-tokens", "8",
-                           "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           "--http-port", "0", "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines, serving = _read_until(up, r"--gateway (127\.0\.0\.1:\d+)", timeout_s=300)
         demo = "".join(lines)
@@ -51,6 +60,9 @@ def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
         assert generated.returncode == 0, generated.stderr
         assert "[5 tokens in" in generated.stdout
         assert "decode reused 4 of 4 prompt tokens]" in generated.stdout
+        http = re.search(r"OpenAI API (http://127\.0\.0\.1:\d+/v1)", demo).group(1)
+        completion = _post_json(f"{http}/completions", {"prompt": "Hello world", "max_tokens": 5, "temperature": 0})
+        assert (completion["usage"]["prompt_tokens"], completion["usage"]["completion_tokens"]) == (4, 5)
         assert len(_processes_of(run_dir, but=up.pid)) == 3  # gateway, prefill, decode
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0

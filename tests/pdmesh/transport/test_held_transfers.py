@@ -59,3 +59,20 @@ def test_wait_for_sees_a_transfer_registered_later():
 def test_wait_for_unknown_transfer_times_out_with_not_found():
     with pytest.raises(TransferNotFound, match="no KV held for transfer 'nope'"):
         HeldTransfers().wait_for("nope", timeout_s=0.01)
+
+
+def test_a_cancelled_request_frees_its_held_transfer():
+    held = HeldTransfers()
+    held.hold(HeldTransfer("engine-id-1", (1, 2), (b"a", b"b"), deadline=1e18, request_id="r1"))
+    held.hold(HeldTransfer("engine-id-2", (3,), (b"c",), deadline=1e18, request_id="r2"))
+    assert held.release_request("r1") == 1
+    assert (held.take_finished(), held.num_held) == ({"engine-id-1"}, 1)
+
+
+def test_a_cancel_before_the_engine_registers_the_hold_frees_it_on_arrival():
+    held = HeldTransfers(early_release_ttl_s=60)
+    assert held.release_request("r1") == 0
+    held.hold(HeldTransfer("engine-id-1", (1,), (b"a",), deadline=1e18, request_id="r1"))
+    assert (held.take_finished(), held.num_held) == ({"engine-id-1"}, 0)
+    held.hold(HeldTransfer("engine-id-9", (2,), (b"b",), deadline=1e18, request_id="r1-retry1"))
+    assert held.num_held == 1   # another attempt's id is not cancelled

@@ -1,0 +1,131 @@
+"""The gateway's generation pipeline behind both APIs (gRPC and OpenAI HTTP): admission, limits,
+tokenization, the tenant's cache salt, routing and failover (RequestRun), and the response stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from gateway.auth import cache_salt_of
+from gateway.pool import WorkerPool
+from gateway.request_run import RequestRun, RunState
+from gateway.routing import RoutePolicy
+from gateway.tokenizer import PromptTokenizer
+from pdmesh.config import GatewaySettings
+from pdmesh.errors import InvalidRequest, ModelNotFound, Overloaded
+from pdmesh.telemetry.metrics import MeshMetrics
+from pdmesh.telemetry.observe import TokenTimer, observe_request
+from pdmesh.telemetry.tracing import request_context, tracer
+from pdmesh.validation import check_prompt, check_sampling
+from pdmesh.v1 import generate_pb2, worker_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class MeshGenerator:
+    def __init__(self, pool: WorkerPool, policy: RoutePolicy, tokenizer: PromptTokenizer, settings: GatewaySettings,
+                 metrics: MeshMetrics) -> None:
+        self._pool = pool
+        self._policy = policy
+        self._tokenizer = tokenizer
+        self._settings = settings
+        self._metrics = metrics
+        self.num_in_flight = 0
+
+    async def list_models(self) -> generate_pb2.ListModelsResponse:
+        info = await self._pool.any_info()
+        return generate_pb2.ListModelsResponse(
+            models=[generate_pb2.ModelCard(id=info.model, max_model_len=info.max_model_len)])
+
+    async def max_model_len(self) -> int:
+        return (await self._pool.any_info()).max_model_len
+
+    async def stream(self, request: generate_pb2.GenerateRequest, tenant: str,
+                     timeout_s: float | None = None) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        """The response chunks of one request; Overloaded at once when max_in_flight are running."""
+        if self.num_in_flight >= self._settings.max_in_flight:
+            raise Overloaded(f"{self.num_in_flight} requests in flight (limit {self._settings.max_in_flight}); "
+                             "retry later")
+        self.num_in_flight += 1
+        try:
+            request_id = request.request_id or uuid.uuid4().hex
+            with request_context(request_id), tracer().start_as_current_span("gateway.generate") as span, \
+                    observe_request(self._metrics):
+                async for response in self._generate(request, request_id, tenant, timeout_s, span):
+                    yield response
+        finally:
+            self.num_in_flight -= 1
+
+    async def _generate(self, request: generate_pb2.GenerateRequest, request_id: str, tenant: str,
+                        timeout_s: float | None, span):
+        info = await self._pool.any_info()
+        prompt_token_ids = self._prompt_token_ids(request, info)
+        state = RunState(request_id, prompt_token_ids, request.sampling, cache_salt_of(tenant, request.cache_salt))
+        run = RequestRun(self._pool, self._policy, state, self._deadline(timeout_s), self._settings.max_attempts,
+                         self._settings.first_token_from == "prefill")
+        span.set_attributes({"pdmesh.route.policy": self._policy.name, "pdmesh.prompt_tokens": len(prompt_token_ids),
+                             "pdmesh.tenant": tenant})
+        timer = TokenTimer(self._metrics)
+        async for chunk in run.chunks():
+            timer.on_chunk(len(chunk.token_ids))
+            yield response_of(request_id, chunk, state)
+        span.set_attributes({"pdmesh.route.prefill": state.prefill.address,
+                             "pdmesh.route.decode": state.decode.address if state.decode else "",
+                             "pdmesh.failovers": state.num_failovers,
+                             "pdmesh.completion_tokens": len(state.generated), **timer.span_attributes()})
+        logger.info("request finished: %d prompt + %d completion tokens, %d failovers", len(prompt_token_ids),
+                    len(state.generated), state.num_failovers)
+
+    def _deadline(self, timeout_s: float | None) -> float:
+        limit = self._settings.request_timeout_s if timeout_s is None else min(timeout_s,
+                                                                                 self._settings.request_timeout_s)
+        return asyncio.get_running_loop().time() + limit
+
+    def _prompt_token_ids(self, request: generate_pb2.GenerateRequest,
+                          info: worker_pb2.WorkerInfoResponse) -> list[int]:
+        if request.model and request.model != info.model:
+            raise ModelNotFound(f"model {request.model!r} is not served here; available: [{info.model!r}]")
+        which = request.WhichOneof("prompt")
+        if which is None or (which == "text" and not request.text):
+            raise InvalidRequest("prompt is empty")
+        prompt_token_ids = self._tokenizer.encode(request.text) if which == "text" else list(request.token_ids.ids)
+        self._check_limits(len(prompt_token_ids), request.sampling.max_tokens)
+        check_prompt(prompt_token_ids, info.max_model_len, info.vocab_size)
+        check_sampling(request.sampling, len(prompt_token_ids), info.max_model_len)
+        return prompt_token_ids
+
+    def _check_limits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        limit = self._settings.max_prompt_tokens
+        if limit is not None and num_prompt_tokens > limit:
+            raise InvalidRequest(f"prompt has {num_prompt_tokens} tokens; this gateway's limit is {limit}")
+        limit = self._settings.max_tokens_limit
+        if limit is not None and max_tokens > limit:
+            raise InvalidRequest(f"max_tokens {max_tokens} is above this gateway's limit of {limit}")
+
+
+def response_of(request_id: str, chunk: worker_pb2.DecodeResponse, state: RunState) -> generate_pb2.GenerateResponse:
+    response = generate_pb2.GenerateResponse(request_id=request_id, token_ids=chunk.token_ids, text=chunk.text)
+    if not chunk.finish_reason:
+        return response
+    num_prompt, num_completion = len(state.prompt_token_ids), len(state.generated)
+    response.finish_reason = chunk.finish_reason
+    response.usage.prompt_tokens = num_prompt
+    response.usage.completion_tokens = num_completion
+    response.usage.total_tokens = num_prompt + num_completion
+    response.usage.cached_prompt_tokens = state.first_prefill.num_cached_tokens
+    transfer = response.transfer
+    transfer.prefill_computed_tokens = state.prefill_computed_tokens
+    transfer.prefill_cached_tokens = state.prefill_cached_tokens
+    transfer.prefill_store_tokens.update(state.prefill_store_tokens)
+    transfer.num_blocks = chunk.kv_blocks_received
+    transfer.num_bytes = chunk.kv_bytes_received
+    transfer.seconds = chunk.kv_seconds
+    transfer.first_block_seconds = chunk.kv_first_block_seconds
+    transfer.num_cached_tokens = chunk.num_cached_tokens
+    transfer.prefill_worker = state.prefill.address if state.prefill else ""
+    transfer.decode_worker = state.decode.address if state.decode else ""
+    transfer.num_failovers = state.num_failovers
+    transfer.resumed_at_token = state.resumed_at_token
+    return response

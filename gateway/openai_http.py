@@ -1,0 +1,236 @@
+"""OpenAI-compatible HTTP API of the gateway (aiohttp): /v1/completions, /v1/chat/completions, /v1/models.
+
+A client that disconnects cancels its handler (handler_cancellation); the CancelledError reaches the
+generator's iterator, which is closed in every case, so the mesh stops the request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from aiohttp import web
+
+from gateway.auth import ApiKeyAuth
+from gateway.chat_template import ChatTemplate
+from gateway.openai_protocol import (ChatCompletionRequest, CompletionRequest, Reply, ReplyHeader,
+                                     chat_prompt_token_ids, chat_to_generate, completion_to_generate, parse_request)
+from gateway.tokenizer import PromptTokenizer
+from pdmesh.errors import InvalidRequest, PDMeshError, Unauthenticated
+from pdmesh.status_map import http_status_of
+from pdmesh.v1 import common_pb2, generate_pb2
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024   # long prompts as token id lists run to megabytes
+
+
+class GenerationSource(Protocol):
+    """What the server drives: gateway.generation.MeshGenerator (fakes in unit tests)."""
+
+    def stream(self, request: generate_pb2.GenerateRequest, tenant: str,
+               timeout_s: float | None = None) -> AsyncIterator[generate_pb2.GenerateResponse]: ...
+
+    async def list_models(self) -> generate_pb2.ListModelsResponse: ...
+
+    async def max_model_len(self) -> int: ...
+
+
+class OpenAIHttpServer:
+    def __init__(self, generator: GenerationSource, auth: ApiKeyAuth, tokenizer: PromptTokenizer,
+                 chat_template: ChatTemplate, shutdown_timeout_s: float = 5.0) -> None:
+        self._generator = generator
+        self._auth = auth
+        self._tokenizer = tokenizer
+        self._chat_template = chat_template
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._created = int(time.time())
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> str:
+        """Serves on host:port (0: a free port); returns the "host:port" bound."""
+        self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=self._shutdown_timeout_s)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        return f"{host}:{self._runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", _health)
+        return app
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        tenant = self._tenant(request)
+        body = parse_request(CompletionRequest, await _json_body(request))
+        prompt_ids = self._completion_prompt_ids(body) if body.return_token_ids or body.max_tokens is None else None
+        request_id = uuid.uuid4().hex
+        default_max_tokens = await self._room_after(prompt_ids) if body.max_tokens is None else None
+        generate = completion_to_generate(body, request_id, default_max_tokens)
+        reply = Reply(await self._header(f"cmpl-{request_id}", body.model), chat=False,
+                      include_usage=body.include_usage, return_token_ids=body.return_token_ids,
+                      prompt_token_ids=prompt_ids)
+        return await self._respond(request, generate, tenant, reply, bool(body.stream))
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        tenant = self._tenant(request)
+        body = parse_request(ChatCompletionRequest, await _json_body(request))
+        prompt_ids = chat_prompt_token_ids(body, self._chat_template, self._tokenizer)
+        request_id = uuid.uuid4().hex
+        default_max_tokens = await self._room_after(prompt_ids) if body.requested_max_tokens is None else None
+        generate = chat_to_generate(body, request_id, prompt_ids, default_max_tokens)
+        reply = Reply(await self._header(f"chatcmpl-{request_id}", body.model), chat=True,
+                      include_usage=body.include_usage, return_token_ids=body.return_token_ids,
+                      prompt_token_ids=prompt_ids)
+        return await self._respond(request, generate, tenant, reply, bool(body.stream))
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._tenant(request)
+        listed = await self._generator.list_models()
+        cards = [{"id": card.id, "object": "model", "created": self._created, "owned_by": "pdmesh",
+                  "max_model_len": card.max_model_len} for card in listed.models]
+        return web.json_response({"object": "list", "data": cards})
+
+    def _tenant(self, request: web.Request) -> str:
+        return self._auth.tenant_of(request.headers.get("Authorization"))
+
+    def _completion_prompt_ids(self, body: CompletionRequest) -> list[int]:
+        """The prompt ids the mesh will run: text is tokenized with special tokens, as the mesh does."""
+        prompt = body.single_prompt()
+        return self._tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    async def _room_after(self, prompt_ids: list[int]) -> int:
+        """max_tokens when the client sets none: the rest of the context (at least 1, so an overlong
+        prompt is reported as such by the mesh)."""
+        return max(await self._generator.max_model_len() - len(prompt_ids), 1)
+
+    async def _header(self, reply_id: str, model: str) -> ReplyHeader:
+        if not model:
+            listed = await self._generator.list_models()
+            model = listed.models[0].id if listed.models else ""
+        return ReplyHeader(reply_id, model, int(time.time()))
+
+    async def _respond(self, request: web.Request, generate: generate_pb2.GenerateRequest, tenant: str,
+                       reply: Reply, stream: bool) -> web.StreamResponse:
+        responses = self._generator.stream(generate, tenant)
+        try:
+            if stream:
+                return await _stream_events(request, responses, reply)
+            return web.json_response(await _whole_body(responses, reply))
+        finally:
+            await _close(responses)
+
+
+async def _whole_body(responses: AsyncIterator[generate_pb2.GenerateResponse], reply: Reply) -> dict:
+    texts: list[str] = []
+    token_ids: list[int] = []
+    finish_reason, usage = common_pb2.FINISH_REASON_UNSPECIFIED, common_pb2.Usage()
+    async for response in responses:
+        texts.append(response.text)
+        token_ids.extend(response.token_ids)
+        finish_reason = response.finish_reason or finish_reason
+        usage = response.usage if response.HasField("usage") else usage
+    return reply.body("".join(texts), token_ids, finish_reason, usage)
+
+
+async def _stream_events(request: web.Request, responses: AsyncIterator[generate_pb2.GenerateResponse],
+                         reply: Reply) -> web.StreamResponse:
+    """SSE. The first response is awaited before the headers go out, so an early error (overloaded,
+    invalid) is a plain HTTP error; a later one is a final `error` event without [DONE]."""
+    first = await anext(responses, None)
+    sse = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await sse.prepare(request)
+    try:
+        await _send_events(sse, responses, first, reply)
+    except ConnectionResetError:
+        logger.info("client went away mid-stream")
+        return sse
+    except Exception as exc:  # noqa: BLE001 - reported to the client as the stream's last event
+        await _send_error_event(sse, exc)
+    with contextlib.suppress(ConnectionResetError):
+        await sse.write_eof()
+    return sse
+
+
+async def _send_events(sse: web.StreamResponse, responses: AsyncIterator[generate_pb2.GenerateResponse],
+                       first: generate_pb2.GenerateResponse | None, reply: Reply) -> None:
+    usage = common_pb2.Usage()
+    for event in reply.opening_events():
+        await _send(sse, event)
+    response, is_first = first, True
+    while response is not None:
+        await _send(sse, reply.chunk_event(response, is_first))
+        usage = response.usage if response.HasField("usage") else usage
+        response, is_first = await anext(responses, None), False
+    for event in reply.closing_events(usage):
+        await _send(sse, event)
+    await sse.write(b"data: [DONE]\n\n")
+
+
+async def _send(sse: web.StreamResponse, event: dict) -> None:
+    await sse.write(f"data: {json.dumps(event)}\n\n".encode())
+
+
+async def _send_error_event(sse: web.StreamResponse, exc: Exception) -> None:
+    status, body = _error_body(exc)
+    if status == 500:
+        logger.exception("request failed mid-stream")
+    with contextlib.suppress(ConnectionResetError):
+        await _send(sse, body)
+
+
+async def _close(responses: AsyncIterator) -> None:
+    """Stops the generator (an async generator's finally blocks run now, not at garbage collection)."""
+    aclose = getattr(responses, "aclose", None)
+    try:
+        if aclose is not None:
+            await aclose()
+    except Exception:  # noqa: BLE001 - the reply is already decided; a failed cleanup is only logged
+        logger.exception("closing the generator's stream failed")
+
+
+async def _json_body(request: web.Request) -> object:
+    try:
+        return json.loads(await request.read())
+    except ValueError:
+        raise InvalidRequest("the request body is not valid JSON") from None
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+    """Domain errors as their HTTP status; anything unexpected as 500 (logged). Cancellation passes."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the server answers every request
+        status, body = _error_body(exc)
+        if status == 500:
+            logger.exception("%s %s failed", request.method, request.path)
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+        return web.json_response(body, status=status, headers=headers)
+
+
+def _error_body(exc: Exception) -> tuple[int, dict]:
+    if isinstance(exc, PDMeshError):
+        status, message, kind = http_status_of(exc), str(exc), type(exc).__name__
+    else:
+        status, message, kind = 500, "internal server error", "InternalServerError"
+    return status, {"error": {"message": message, "type": kind, "code": status}}

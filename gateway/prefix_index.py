@@ -1,0 +1,48 @@
+"""What the KV store's Redis index knows about a prompt, as the gateway sees it: for each leading
+full block, the prefill node (its KV address) holding a copy. Names are computed the way the
+store names blocks (chained hash seeded by the model fingerprint, with the request's cache salt),
+so a tenant's salt keeps its prefix invisible to another tenant's routing too."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from kvstore.block_key import block_keys
+from kvstore.redis_index import RedisBlockIndex
+from pdmesh.compat import fingerprint_seed
+from pdmesh.v1 import common_pb2
+
+
+class PrefixIndex:
+    def __init__(self, redis_url: str, password: str | None = None, timeout_s: float = 0.2) -> None:
+        self._url = redis_url
+        self._password = password
+        self._timeout_s = timeout_s
+        self._indexes: dict[str, RedisBlockIndex] = {}   # model fingerprint: its index
+
+    async def holders(self, compat: common_pb2.CompatInfo, prompt_token_ids: Sequence[int],
+                      cache_salt: str) -> list[str]:
+        """The node holding each block of the longest indexed prefix (one Redis round trip;
+        [] when Redis cannot answer: routing then ignores the cache)."""
+        keys = block_keys(fingerprint_seed(compat), prompt_token_ids, compat.block_size, cache_salt.encode())
+        if not keys:
+            return []
+        entries = await asyncio.to_thread(self._index(compat).probe, [key.block_hash for key in keys])
+        holders = []
+        for entry in entries:
+            if entry is None:
+                break
+            holders.append(entry.node)
+        return holders
+
+    def close(self) -> None:
+        for index in self._indexes.values():
+            index.close()
+
+    def _index(self, compat: common_pb2.CompatInfo) -> RedisBlockIndex:
+        fingerprint = compat.model_fingerprint
+        if fingerprint not in self._indexes:
+            self._indexes[fingerprint] = RedisBlockIndex.connect(
+                self._url, self._password, namespace=fingerprint, node="gateway", ttl_s=0, timeout_s=self._timeout_s)
+        return self._indexes[fingerprint]

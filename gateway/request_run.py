@@ -1,0 +1,199 @@
+"""One request's way through the mesh: prefill then decode, and again elsewhere when a worker fails.
+
+Before the first token a failed prefill or decode is retried on another worker, invisibly. After
+tokens have streamed, the request resumes on another decode worker from prompt + the tokens
+already sent: a prefill worker runs that longer prompt, finding the prompt's blocks in its prefix
+cache or KV store (it computes only the tail), and the new decode pulls them and continues with
+the remaining max_tokens. The client sees each token exactly once. Greedy output is unchanged by
+a failover; seeded sampling restarts its random stream at the resume point, and a stop string
+that spans the resume point is not seen.
+
+Whatever ends an attempt other than a finished decode (failure, cancel, deadline) releases the
+prefill's pinned blocks, so a cancelled request never waits for the hold timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from gateway.pool import Worker, WorkerPool
+from gateway.routing import RoutePolicy
+from pdmesh import errors
+from pdmesh.status_map import error_from_rpc_error
+from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+# Errors after which another worker may succeed; anything else is the request's own fault.
+RETRYABLE = (errors.WorkerFailed, errors.TransferNotFound, errors.ChecksumMismatch, errors.BlockHashMismatch)
+RETRYABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                   grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+
+
+class _Retry(Exception):
+    def __init__(self, error: errors.PDMeshError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class RunState:
+    """What the client asked and what it got so far, across attempts."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: common_pb2.SamplingParams
+    cache_salt: str
+    generated: list[int] = field(default_factory=list)
+    num_failovers: int = 0
+    resumed_at_token: int = 0
+    first_prefill: worker_pb2.PrefillResponse | None = None
+    prefill_computed_tokens: int = 0
+    prefill_cached_tokens: int = 0
+    prefill_store_tokens: Counter = field(default_factory=Counter)
+    prefill: Worker | None = None     # of the latest attempt
+    decode: Worker | None = None
+
+    def record_prefill(self, response: worker_pb2.PrefillResponse) -> None:
+        self.first_prefill = self.first_prefill or response
+        self.prefill_computed_tokens += response.num_computed_tokens
+        self.prefill_cached_tokens += response.num_cached_tokens
+        self.prefill_store_tokens.update(dict(response.kv_store_tokens))
+
+
+class RequestRun:
+    def __init__(self, pool: WorkerPool, policy: RoutePolicy, state: RunState, deadline: float,
+                 max_attempts: int, stream_prefill_token: bool) -> None:
+        self._pool = pool
+        self._policy = policy
+        self.state = state
+        self._deadline = deadline
+        self._max_attempts = max_attempts
+        self._stream_prefill_token = stream_prefill_token
+        self._excluded: set[str] = set()   # workers that failed this request
+
+    async def chunks(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """The decode stream the client sees, across failovers."""
+        last_failure: errors.PDMeshError | None = None
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                async for chunk in self._attempt():
+                    yield chunk
+                return
+            except _Retry as retry:
+                logger.warning("request %s: %s; retrying elsewhere after %d tokens", self.state.request_id,
+                               retry.error, len(self.state.generated))
+                last_failure = retry.error
+                self.state.num_failovers += 1
+                self.state.resumed_at_token = len(self.state.generated)
+            except errors.NoWorkerAvailable:
+                if last_failure is None:
+                    raise
+                break   # nobody left to retry on: report what failed
+        raise last_failure
+
+    async def _attempt(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        state = self.state
+        prompt = [*state.prompt_token_ids, *state.generated]
+        num_left = state.sampling.max_tokens - len(state.generated)
+        if num_left <= 0:  # the stream broke after the last token, before its finish
+            yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+            return
+        prefill = state.prefill = await self._pick_prefill(prompt)
+        state.decode = None
+        # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
+        decodes = self._pool.compatible_with(prefill, await self._pool.candidates("decode", self._excluded))
+        prefilled = await self._prefill(prefill, prompt)
+        state.record_prefill(prefilled)
+        finished = False
+        try:
+            async for chunk in self._decode_chunks(decodes, prompt, num_left, prefilled):
+                state.generated += chunk.token_ids
+                finished = finished or bool(chunk.finish_reason)
+                yield chunk
+        finally:
+            if not finished:
+                logger.info("request %s: attempt ended early, releasing transfer %s", state.request_id,
+                            prefilled.kv.transfer_id)
+                self._pool.release_kv_soon(prefilled.kv)   # decode may never have pulled it
+
+    async def _pick_prefill(self, prompt: list[int]) -> Worker:
+        workers = await self._pool.candidates("prefill", self._excluded)
+        return await self._policy.pick_prefill(workers, prompt, self.state.cache_salt)
+
+    async def _prefill(self, prefill: Worker, prompt: list[int]) -> worker_pb2.PrefillResponse:
+        sampling = self._sampling(len(prompt) - len(self.state.prompt_token_ids)) if self._stream_prefill_token \
+            else None
+        request = worker_pb2.PrefillRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
+                                            sampling=sampling, cache_salt=self.state.cache_salt)
+        with self._pool.busy(prefill):
+            call = worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(request, timeout=self._time_left())
+            try:
+                return await call
+            except grpc.aio.AioRpcError as exc:
+                raise self._failure(exc, prefill) from exc
+            finally:
+                call.cancel()  # no-op once done; a cancelled request aborts the prefill
+
+    async def _decode_chunks(self, decodes: list[Worker], prompt: list[int], num_left: int,
+                             prefilled: worker_pb2.PrefillResponse) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """Decode's stream; with first_token_from=prefill, prefill's token first and decode continuing
+        from prompt + that token (no last-token recompute on decode, first token before the KV moves)."""
+        sampling = self._sampling(len(prompt) - len(self.state.prompt_token_ids))
+        if self._stream_prefill_token:
+            first = worker_pb2.DecodeResponse(token_ids=[prefilled.first_token_id], text=prefilled.first_text)
+            if prefilled.finish_reason == common_pb2.FINISH_REASON_STOP or num_left == 1:
+                first.finish_reason = prefilled.finish_reason or common_pb2.FINISH_REASON_LENGTH
+                self._pool.release_kv_soon(prefilled.kv)   # no decode will pull it
+                yield first
+                return
+            yield first
+            prompt = [*prompt, prefilled.first_token_id]
+            sampling.max_tokens -= 1
+        decode = self.state.decode = self._policy.pick_decode(decodes, len(prompt) + sampling.max_tokens)
+        request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt, sampling=sampling,
+                                           kv=prefilled.kv, cache_salt=self.state.cache_salt)
+        with self._pool.busy(decode):
+            call = worker_pb2_grpc.DecodeStub(decode.channel).Decode(request, timeout=self._time_left())
+            try:
+                async for chunk in call:
+                    yield chunk
+            except grpc.aio.AioRpcError as exc:
+                raise self._failure(exc, decode) from exc
+            finally:
+                call.cancel()  # the client went away: decode aborts and frees its blocks
+
+    def _sampling(self, num_generated: int) -> common_pb2.SamplingParams:
+        sampling = common_pb2.SamplingParams()
+        sampling.CopyFrom(self.state.sampling)
+        sampling.max_tokens -= num_generated
+        return sampling
+
+    def _attempt_id(self) -> str:
+        """Engines need a fresh id per attempt (a failed one may still be known to a live worker)."""
+        n = self.state.num_failovers
+        return self.state.request_id if n == 0 else f"{self.state.request_id}-retry{n}"
+
+    def _time_left(self) -> float:
+        left = self._deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise errors.DeadlineExceeded(f"request {self.state.request_id} ran out of time")
+        return left
+
+    def _failure(self, exc: grpc.aio.AioRpcError, worker: Worker) -> Exception:
+        """The error to raise: _Retry (another worker may do it) or the domain error."""
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return errors.DeadlineExceeded(f"request {self.state.request_id} ran out of time on {worker.address}")
+        error = error_from_rpc_error(exc)
+        if exc.code() not in RETRYABLE_CODES and not isinstance(error, RETRYABLE):
+            return error
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            self._pool.mark_down(worker)
+        self._excluded.add(worker.address)
+        return _Retry(errors.WorkerFailed(f"{worker.role} worker {worker.address} failed: {exc.details()}"))

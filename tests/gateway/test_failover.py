@@ -1,0 +1,102 @@
+"""Failover, admission and limits of the gateway against in-process fake workers (the real-process
+version, with SIGKILLed workers, is tests/e2e/test_gateway_users.py)."""
+
+import grpc
+import pytest
+
+from gateway.server import Gateway
+from pdmesh.client import generate, make_request
+from pdmesh.config import GatewaySettings
+from tests.gateway.fake_workers import FakeWorker
+
+
+async def _mesh(tiny_llama_dir, decodes: list[FakeWorker], **settings):
+    prefill = FakeWorker("prefill")
+    prefill_address = await prefill.server.start("127.0.0.1", 0)
+    decode_addresses = [await d.server.start("127.0.0.1", 0) for d in decodes]
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=decode_addresses,
+                                      tokenizer=str(tiny_llama_dir), route_policy="round_robin", **settings))
+    return gateway, await gateway.start(), prefill, decode_addresses
+
+
+async def _stop(gateway, workers) -> None:
+    await gateway.stop(0)
+    for worker in workers:
+        await worker.server.stop(0)
+
+
+async def test_decode_failing_mid_stream_resumes_on_another_from_the_tokens_sent(tiny_llama_dir):
+    dying, healthy = FakeWorker("decode", fail_after=2), FakeWorker("decode")
+    gateway, address, prefill, addresses = await _mesh(tiny_llama_dir, [dying, healthy])
+    dying_first = sorted(addresses)[0] == addresses[0]
+    if not dying_first:  # round robin starts at the lowest address: make that the dying one
+        dying.fail_after, healthy.fail_after = None, 2
+        dying, healthy = healthy, dying
+    try:
+        token_ids, _, last = await generate(address, make_request([0, 7, 9, 11, 13], max_tokens=5, request_id="r1"))
+    finally:
+        await _stop(gateway, [prefill, dying, healthy])
+    # The fake decode echoes its prompt: the first streamed 0, 7 then died; the second got prompt + [0, 7]
+    # and 3 tokens to go, and echoed the first 3 of that longer prompt.
+    assert token_ids == [0, 7, 0, 7, 9]
+    resumed = healthy.requests[0]
+    assert (list(resumed.prompt_token_ids), resumed.sampling.max_tokens) == ([0, 7, 9, 11, 13, 0, 7], 3)
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [[0, 7, 9, 11, 13], [0, 7, 9, 11, 13, 0, 7]]
+    assert resumed.request_id == "r1-retry1"
+    assert (last.transfer.num_failovers, last.transfer.resumed_at_token, last.usage.completion_tokens) == (1, 2, 5)
+
+
+async def test_decode_failing_before_its_first_token_is_retried_invisibly(tiny_llama_dir):
+    broken, healthy = FakeWorker("decode", fail_decode=True), FakeWorker("decode", fail_decode=True)
+    gateway, address, prefill, addresses = await _mesh(tiny_llama_dir, [broken, healthy])
+    (healthy if sorted(addresses)[1] == addresses[1] else broken).fail_decode = False  # the second pick works
+    try:
+        token_ids, _, last = await generate(address, make_request([0, 7, 9], max_tokens=3))
+    finally:
+        await _stop(gateway, [prefill, broken, healthy])
+    assert token_ids == [0, 7, 9]
+    assert (last.transfer.num_failovers, last.transfer.resumed_at_token) == (1, 0)
+
+
+async def test_admission_limit_answers_resource_exhausted(tiny_llama_dir):
+    decode = FakeWorker("decode")
+    gateway, address, prefill, _ = await _mesh(tiny_llama_dir, [decode], max_in_flight=0)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await generate(address, make_request([0, 7], max_tokens=1))
+    finally:
+        await _stop(gateway, [prefill, decode])
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.details() == "0 requests in flight (limit 0); retry later"
+
+
+@pytest.mark.parametrize("request_kwargs, message", [
+    ({"prompt": [0] * 9, "max_tokens": 1}, "prompt has 9 tokens; this gateway's limit is 8"),
+    ({"prompt": [0, 5], "max_tokens": 5}, "max_tokens 5 is above this gateway's limit of 4"),
+])
+async def test_per_request_limits_are_invalid_argument(tiny_llama_dir, request_kwargs, message):
+    decode = FakeWorker("decode")
+    gateway, address, prefill, _ = await _mesh(tiny_llama_dir, [decode], max_prompt_tokens=8, max_tokens_limit=4)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await generate(address, make_request(**request_kwargs))
+    finally:
+        await _stop(gateway, [prefill, decode])
+    assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+async def test_api_keys_gate_generate_and_name_the_tenant(tiny_llama_dir):
+    decode = FakeWorker("decode")
+    gateway, address, prefill, _ = await _mesh(tiny_llama_dir, [decode], api_keys={"sk-a": "a", "sk-b": "b"})
+    try:
+        for api_key in [None, "sk-nope"]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await generate(address, make_request([0, 7], max_tokens=1), api_key=api_key)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for api_key in ["sk-a", "sk-b", "sk-a"]:
+            await generate(address, make_request([0, 7], max_tokens=1), api_key=api_key)
+    finally:
+        await _stop(gateway, [prefill, decode])
+    salts = [r.cache_salt for r in prefill.requests]
+    assert salts[0] == salts[2] != salts[1] and len(salts[0]) == 32   # one salt per tenant, on both workers
+    assert [r.cache_salt for r in decode.requests] == salts
