@@ -117,7 +117,7 @@ async def test_metrics_count_requests_ttft_and_kv_bytes(cluster):
     assert _value(after["prefill-0"], "pdmesh_kv_tier_occupancy_bytes", role="prefill", tier="device") >= 0
 
 
-@pytest.mark.parametrize("process, logger", [("gateway", "gateway.servicer"), ("prefill-0", "prefill.servicer"),
+@pytest.mark.parametrize("process, logger", [("gateway", "gateway.generation"), ("prefill-0", "prefill.servicer"),
                                              ("decode-0", "decode.servicer")])
 def test_logs_are_json_lines_with_request_and_trace_ids(cluster, process, logger):
     """Runs after the traced request above (same module, file order)."""
