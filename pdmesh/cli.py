@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 import time
@@ -43,7 +44,12 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _up(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)   # `kill`, systemd, docker stop: the same graceful stop as Ctrl-C
     from pdmesh.cluster import LocalCluster
     from pdmesh.models.tiny import ensure_llama
 
@@ -121,7 +127,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:   # Ctrl-C during start-up or a second one during shutdown
+        return 130
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ without containers). Used by `pdmesh up`, the tests and the benchmarks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -80,19 +81,28 @@ class LocalCluster:
             if process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for process in reversed(self._processes):
-            try:
-                process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.popen.pid, signal.SIGKILL)
-                process.popen.wait()
-        self._processes.clear()
+        try:
+            for process in reversed(self._processes):
+                try:
+                    process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._kill_group(process)
+        except KeyboardInterrupt:   # a second Ctrl-C: stop waiting for graceful shutdowns
+            for process in self._processes:
+                self._kill_group(process)
+            raise
+        finally:
+            self._processes.clear()
+
+    @staticmethod
+    def _kill_group(process: _Process) -> None:
+        with contextlib.suppress(ProcessLookupError):   # the group's engine processes may outlive its leader
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        process.popen.wait()
 
     def kill(self, name: str) -> None:
         """SIGKILLs a process (and its engine's processes): a crash, not a shutdown."""
-        process = next(p for p in self._processes if p.name == name)
-        os.killpg(process.popen.pid, signal.SIGKILL)
-        process.popen.wait()
+        self._kill_group(next(p for p in self._processes if p.name == name))
 
     def logs(self) -> str:
         return "\n".join(f"==> {p.name} <==\n{p.log_path.read_text()[-4000:]}" for p in self._processes)
