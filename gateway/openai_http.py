@@ -79,7 +79,7 @@ class OpenAIHttpServer:
         prompt_ids = self._completion_prompt_ids(body) if body.return_token_ids or body.max_tokens is None else None
         request_id = uuid.uuid4().hex
         default_max_tokens = await self._room_after(prompt_ids) if body.max_tokens is None else None
-        generate = completion_to_generate(body, request_id, default_max_tokens)
+        generate = completion_to_generate(body, request_id, default_max_tokens, prompt_ids)
         reply = Reply(await self._header(f"cmpl-{request_id}", body.model), chat=False,
                       include_usage=body.include_usage, return_token_ids=body.return_token_ids,
                       prompt_token_ids=prompt_ids)
@@ -108,7 +108,7 @@ class OpenAIHttpServer:
         return self._auth.tenant_of(request.headers.get("Authorization"))
 
     def _completion_prompt_ids(self, body: CompletionRequest) -> list[int]:
-        """The prompt ids the mesh will run: text is tokenized with special tokens, as the mesh does."""
+        """The prompt ids the mesh will run (sent as ids): text tokenized with special tokens, as the mesh does."""
         prompt = body.single_prompt()
         return self._tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 

@@ -150,12 +150,13 @@ def _validation_message(exc: ValidationError) -> str:
     return "invalid request: " + "; ".join(problems)
 
 
-def completion_to_generate(body: CompletionRequest, request_id: str,
-                           default_max_tokens: int | None = None) -> generate_pb2.GenerateRequest:
-    """A text prompt travels as text (the mesh tokenizes it with special tokens); ids as ids.
-    `default_max_tokens` replaces an explicit `max_tokens: null`."""
+def completion_to_generate(body: CompletionRequest, request_id: str, default_max_tokens: int | None = None,
+                           prompt_token_ids: list[int] | None = None) -> generate_pb2.GenerateRequest:
+    """A text prompt travels as text (the mesh tokenizes it with special tokens), unless the caller
+    has tokenized it already (`prompt_token_ids`); ids as ids. `default_max_tokens` replaces an
+    explicit `max_tokens: null`."""
     request = _generate_request(body, request_id, body.max_tokens or default_max_tokens)
-    prompt = body.single_prompt()
+    prompt = body.single_prompt() if prompt_token_ids is None else prompt_token_ids
     if isinstance(prompt, str):
         request.text = prompt
     else:

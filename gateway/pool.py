@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from pdmesh.background import BackgroundTasks
 from pdmesh.compat import check_compatible
 from pdmesh.config import TlsSettings
 from pdmesh.errors import Incompatible, NoWorkerAvailable
@@ -52,7 +53,7 @@ class WorkerPool:
         self._info_timeout_s = info_timeout_s
         self._cooldown_s = cooldown_s
         self._workers: dict[str, Worker] = {}
-        self._background: set[asyncio.Task] = set()
+        self._background = BackgroundTasks()
         for role, addresses in (("prefill", prefill_addresses), ("decode", decode_addresses)):
             for address in addresses:
                 self._workers[address] = self._open(address, role, static=True)
@@ -70,7 +71,7 @@ class WorkerPool:
                 worker = self._workers[record.address] = self._open(record.address, record.role)
             worker.record = record
         for address in [a for a, w in self._workers.items() if not w.static and a not in seen]:
-            self._spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
+            self._background.spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
 
     async def candidates(self, role: str, exclude: set[str] = frozenset()) -> list[Worker]:
         """Workers of `role` not cooling down, not excluded, whose info is known (asked now if not)."""
@@ -116,7 +117,7 @@ class WorkerPool:
     def release_kv_soon(self, handle: common_pb2.KVHandle) -> None:
         """Frees a prefill's pinned blocks decode will not take, without waiting (works while cancelled)."""
         if handle.transfer_id:
-            self._spawn(self.release_kv(handle))
+            self._background.spawn(self.release_kv(handle))
 
     async def release_kv(self, handle: common_pb2.KVHandle) -> bool:
         """Best effort; False when nothing was held (decode already released it) or prefill is gone."""
@@ -130,18 +131,12 @@ class WorkerPool:
         return response.released
 
     async def close(self) -> None:
-        if self._background:
-            await asyncio.wait(self._background, timeout=self._info_timeout_s)
+        await self._background.wait(self._info_timeout_s)
         await asyncio.gather(*(w.channel.close() for w in self._workers.values()))
 
     def _open(self, address: str, role: str, static: bool = False) -> Worker:
         channel = open_channel(address, self._tls, interceptors=client_interceptors())
         return Worker(address, role, channel, static=static)
-
-    def _spawn(self, coroutine) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def _ensure_info(self, worker: Worker) -> bool:
         if worker.info is not None:

@@ -77,8 +77,9 @@ class LeastLoaded(RoundRobin):
 
     def _cheapest(self, workers: list[Worker], role: str, cost) -> Worker:
         """Lowest cost; among equals, round robin (so idle workers share the work)."""
-        lowest = min(cost(w) for w in workers)
-        return self._next([w for w in workers if cost(w) == lowest], role)
+        costs = [cost(w) for w in workers]
+        lowest = min(costs)
+        return self._next([w for w, c in zip(workers, costs) if c == lowest], role)
 
 
 class PrefixAware(LeastLoaded):

@@ -15,7 +15,10 @@ logger = logging.getLogger(__name__)
 
 
 class WorkerRegistration:
-    """Publishes the worker's record; a task reads the engine's scheduler each heartbeat for the load."""
+    """Publishes the worker's record; a task reads the engine's scheduler each heartbeat for the load.
+
+    The read runs apart from the heartbeat on purpose: a utility call waits for the engine's current
+    step, and a long step must not delay a beat past the record's TTL (the beat sends the last load)."""
 
     def __init__(self, settings: WorkerSettings, engine, info: worker_pb2.WorkerInfoResponse, address: str) -> None:
         self._settings = settings

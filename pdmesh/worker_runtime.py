@@ -13,11 +13,11 @@ from pdmesh.errors import Incompatible
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_ready_file
 from pdmesh.telemetry.logs import configure_logging
-from pdmesh.tls import server_credentials
-from pdmesh.worker_registration import WorkerRegistration
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
+from pdmesh.tls import server_credentials
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from pdmesh.worker_registration import WorkerRegistration
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,8 @@ async def _register(settings: WorkerSettings, engine, info: worker_pb2.WorkerInf
                     address: str) -> WorkerRegistration | None:
     if not settings.registry.redis_url:
         return None
-    registration = WorkerRegistration(settings, engine, info, f"{settings.address_for_gateways}:{address.rsplit(':', 1)[1]}")
+    port = address.rsplit(":", 1)[1]
+    registration = WorkerRegistration(settings, engine, info, f"{settings.address_for_gateways}:{port}")
     await registration.start()
     return registration
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pdmesh.background import BackgroundTasks
 from pdmesh.connector.params import LOADED_FROM_STORE, handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
@@ -25,7 +26,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         self._engine = engine
         self._info = info
         self._metrics = metrics
-        self._background: set[asyncio.Task] = set()
+        self._background = BackgroundTasks()
 
     @maps_domain_errors
     async def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
@@ -84,10 +85,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     def _release_soon(self, request_id: str) -> None:
         """The caller went away: the engine may have finished the request and pinned its KV for a
         decode that will never come. Free it now (or as soon as the engine registers it)."""
-        task = asyncio.get_running_loop().create_task(
-            self._engine.collective_rpc("pdmesh_release_request", args=(request_id,)))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(self._engine.collective_rpc("pdmesh_release_request", args=(request_id,)))
 
     async def _store_stats(self, request_id: str, kv_params: dict) -> dict | None:
         """What the KV store loaded for this request (StoreLoadStats), if it loaded anything."""

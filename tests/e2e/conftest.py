@@ -20,6 +20,7 @@ from pdmesh.config import GatewaySettings, TlsSettings
 from pdmesh.tls import open_channel
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.otlp_receiver import OtlpReceiver
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.vllm
 
@@ -88,6 +89,14 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
         {"chats": USER_CHATS, "sampling": GREEDY},
         {"prompts": [FAILOVER_PROMPT], "sampling": FAILOVER_SAMPLING},
     ], tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    """A real Redis (password set) for one test module: the KV store's index, the worker registry."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), password="mesh-pw").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -38,13 +38,6 @@ LONG = {"max_tokens": 2000, "ignore_eos": True}   # keeps a decode busy for seco
 
 
 @pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"), password="users-pw").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("certs"))
 

@@ -21,20 +21,12 @@ from pdmesh.compat import fingerprint_seed
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import (HOLD_TIMEOUT_S, STORE_PREFIX_TOKENS, STORE_SCENARIOS, STORE_SUFFIX_TOKENS,
                                 in_process_gateway, store_prompt_pair, telemetry_flags, worker_stats)
-from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.vllm
 BLOCK_SIZE = 32
 BLOCK_NBYTES = 4 * 2 * 32 * 128 * 4  # layers * (K,V) * block_size * (kv_heads * head_dim) * fp32
 PROMPT_TOKENS = STORE_PREFIX_TOKENS + STORE_SUFFIX_TOKENS
 MAX_TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"), password="mesh-pw").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

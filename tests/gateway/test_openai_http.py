@@ -121,6 +121,7 @@ async def test_completion_returns_the_text_finish_reason_usage_and_ids(serve, cl
     assert (choice.index, choice.text, choice.finish_reason, choice.logprobs) == (0, "Hello world", "length", None)
     assert choice.token_ids == [5, 6, 7]
     assert choice.prompt_token_ids == tokenizer.encode("Hello world") == [0, 42, 884, 593]
+    assert list(fake.request.token_ids.ids) == [0, 42, 884, 593]   # tokenized once, sent as ids
     assert completion.usage.model_dump(exclude_none=True) == {
         "prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 2}}
 
