@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from pdmesh.compat import check_compatible
-from pdmesh.connector.params import decode_params
+from pdmesh.connector.params import REQUEST_STATS, decode_params
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
@@ -40,7 +40,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 num_tokens += len(completion.token_ids)
                 timer.on_chunk(len(completion.token_ids))
                 if output.finished:
-                    await self._fill_final(chunk, request, completion.finish_reason)
+                    self._fill_final(chunk, request, completion.finish_reason, output.kv_transfer_params)
                 yield chunk
             span.set_attributes({"pdmesh.completion_tokens": num_tokens, **timer.span_attributes()})
             logger.info("decode finished: %d tokens, ttft %.3fs", num_tokens, timer.ttft_s or 0.0)
@@ -58,10 +58,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if request.kv.num_tokens > len(request.prompt_token_ids):
             raise InvalidRequest("KV handle covers more tokens than the prompt has")
 
-    async def _fill_final(self, chunk: worker_pb2.DecodeResponse, request: worker_pb2.DecodeRequest,
-                          finish_reason: str | None) -> None:
+    def _fill_final(self, chunk: worker_pb2.DecodeResponse, request: worker_pb2.DecodeRequest,
+                    finish_reason: str | None, kv_params: dict | None) -> None:
         chunk.finish_reason = finish_reason_of(finish_reason)
-        stats = (await self._engine.collective_rpc("pdmesh_transfer_stats", args=(request.request_id,)))[0]
+        stats = (kv_params or {}).get(REQUEST_STATS)  # what the KV pull did, returned with the output
         if stats:
             chunk.kv_blocks_received = stats["num_blocks"]
             chunk.kv_bytes_received = stats["num_bytes"]

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from pdmesh.background import BackgroundTasks
-from pdmesh.connector.params import LOADED_FROM_STORE, handle_from_params, prefill_params
+from pdmesh.connector.params import LOADED_FROM_STORE, REQUEST_STATS, handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
@@ -64,7 +64,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             final = output
         if final is None or not final.kv_transfer_params or not token_ids:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
-        stats = await self._store_stats(request.request_id, final.kv_transfer_params)
+        stats = self._store_stats(final.kv_transfer_params)
         store_tokens = stats["tokens_by_tier"] if stats else {}
         # With a store load, vLLM's count includes tokens claimed from the store even when their
         # load failed and they were computed after all: count what really loaded instead.
@@ -87,11 +87,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         decode that will never come. Free it now (or as soon as the engine registers it)."""
         self._background.spawn(self._engine.collective_rpc("pdmesh_release_request", args=(request_id,)))
 
-    async def _store_stats(self, request_id: str, kv_params: dict) -> dict | None:
-        """What the KV store loaded for this request (StoreLoadStats), if it loaded anything."""
+    @staticmethod
+    def _store_stats(kv_params: dict) -> dict | None:
+        """What the KV store loaded for this request (StoreLoadStats), if it loaded anything: the
+        connector returns it with the request's output."""
         if not kv_params.get(LOADED_FROM_STORE):
             return None
-        return (await self._engine.collective_rpc("pdmesh_store_stats", args=(request_id,)))[0]
+        return kv_params.get(REQUEST_STATS)
 
     def _record_tokens(self, num_prompt_tokens: int, num_cached: int, store_tokens: dict[str, int]) -> None:
         role = self._metrics.role

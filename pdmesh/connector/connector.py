@@ -16,10 +16,10 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
 from pdmesh.connector.engine_core_ext import install_scheduler_stats
-from pdmesh.connector.metadata import PDMeshConnectorMetadata
+from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from pdmesh.connector.scheduler_side import ConnectorScheduler
 from pdmesh.config import StoreSettings, TelemetrySettings
-from pdmesh.connector.store_lookup import StoreLookup
+from pdmesh.connector.store_lookup import AsyncStoreLookup, StoreLookup
 from pdmesh.transport.affinity import all_cores
 from pdmesh.connector.worker_side import ConnectorWorker
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 
@@ -47,7 +48,7 @@ class PDMeshConnector(KVConnectorBase_V1):
             install_scheduler_stats()  # this runs in the engine core's process
             advertise_host = str(extra.get("kv_advertise_host", kv_host))
             local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
-            lookup = (StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s)
+            lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s))
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup)
         else:
@@ -73,10 +74,15 @@ class PDMeshConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.worker.register_kv_caches(kv_caches, self._kv_cache_config.num_blocks)
 
+    def bind_connector_metadata(self, connector_metadata: PDMeshConnectorMetadata) -> None:
+        """Starts the step's tasks here, before its forward: vLLM calls start_load_kv only after the
+        forward when no load is synchronous, which would expose a finished prompt's blocks to decode
+        (and start pulls and store loads) a whole forward late."""
+        super().bind_connector_metadata(connector_metadata)
+        self.worker.start_tasks(connector_metadata)
+
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, PDMeshConnectorMetadata)
-        self.worker.start_tasks(meta)
+        return None  # started in bind_connector_metadata
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # loads are asynchronous: the request waits in WAITING_FOR_REMOTE_KVS
@@ -93,9 +99,14 @@ class PDMeshConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.take_failed_block_ids()
 
+    def build_connector_worker_meta(self) -> PDMeshWorkerMeta | None:
+        return self.worker.take_worker_meta()
+
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.close()
 
     # ---- scheduler side ----
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -105,7 +116,10 @@ class PDMeshConnector(KVConnectorBase_V1):
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> PDMeshConnectorMetadata:
-        return self._scheduler.build_connector_meta()
+        return self._scheduler.build_connector_meta(scheduler_output.total_num_scheduled_tokens)
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        self._scheduler.update_connector_output(connector_output.kv_connector_worker_meta)
 
     def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)

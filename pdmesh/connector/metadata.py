@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 
 @dataclass
@@ -56,3 +56,18 @@ class PDMeshConnectorMetadata(KVConnectorMetadata):
     sends: list[SendTask] = field(default_factory=list)
     recvs: list[RecvTask] = field(default_factory=list)
     loads: list[StoreLoadTask] = field(default_factory=list)
+    num_scheduled_tokens: int = 0   # this step's tokens: the worker measures its compute rate from them
+
+
+@dataclass
+class PDMeshWorkerMeta(KVConnectorWorkerMetadata):
+    """Worker → scheduler, with a step's output: what each request's KV transfer or store load did
+    (engine request id → TransferStats / StoreLoadStats as a dict), sent in the step the worker
+    reports the request received. The scheduler returns it in the request's kv_transfer_params."""
+
+    stats: dict[str, dict] = field(default_factory=dict)
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "PDMeshWorkerMeta":
+        if isinstance(other, PDMeshWorkerMeta):
+            return PDMeshWorkerMeta({**self.stats, **other.stats})
+        return self

@@ -55,6 +55,26 @@ class PagedKVCache:
             offset += layer.block_nbytes
         return memoryview(out.numpy())
 
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """One batched copy of many blocks: a (len(block_ids), block_nbytes) uint8 tensor on the host
+        whose row i holds the bytes `read_block(block_ids[i])` would. One gather per layer (C++,
+        GIL released), not one Python-level copy per block and layer."""
+        for block_id in block_ids:
+            self._check(block_id)
+        out = torch.empty((len(block_ids), self.block_nbytes), dtype=torch.uint8)
+        if not block_ids:
+            return out
+        offset = 0
+        for layer in self._layers:
+            index = torch.tensor(block_ids, dtype=torch.long, device=layer.tensor.device)
+            gathered = layer.tensor.index_select(layer.block_dim, index)  # block axis first or second
+            if layer.block_dim != 0:
+                gathered = gathered.movedim(layer.block_dim, 0)
+            rows = gathered.reshape(len(block_ids), -1).view(torch.uint8)
+            out[:, offset:offset + layer.block_nbytes].copy_(rows.cpu())
+            offset += layer.block_nbytes
+        return out
+
     def write_block(self, block_id: int, payload: bytes | bytearray | memoryview) -> None:
         self._check(block_id)
         if len(payload) != self.block_nbytes:

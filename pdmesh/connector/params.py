@@ -16,6 +16,9 @@ DO_REMOTE_PREFILL = "do_remote_prefill"
 PDMESH_REQUEST_ID = "pdmesh_request_id"
 TRACE_CARRIER = "pdmesh_trace"  # W3C traceparent + baggage of the calling span, for the engine-side spans
 LOADED_FROM_STORE = "pdmesh_loaded_from_store"  # prefill handle: some prompt blocks came from the KV store
+# In a finished request's kv_transfer_params: what its KV pull (decode) or store load (prefill) did,
+# the fields of TransferStats / StoreLoadStats. Rides the engine's own output: no RPC per request.
+REQUEST_STATS = "pdmesh_stats"
 
 
 def prefill_params(request_id: str, trace_carrier: dict[str, str] | None = None) -> dict[str, Any]:

@@ -3,16 +3,19 @@
 Producer (prefill): on finish, pins the request's blocks (delay free) and returns a handle
 naming them. Consumer (decode): claims the prompt's tokens as externally computed, asks the
 worker side to pull them asynchronously, and recomputes only the last prompt token.
+Nothing here waits on the network: the store lookup answers "not yet" until its thread is done,
+and what each request's pull or load did comes back with the worker's step output.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from pdmesh.connector import params as kvp
-from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask, StoreLoadTask
-from pdmesh.connector.store_lookup import StoreLookup
+from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask, StoreLoadTask
+from pdmesh.connector.store_lookup import AsyncStoreLookup
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -31,7 +34,8 @@ def _salt(request: "Request") -> bytes:
 
 
 class ConnectorScheduler:
-    def __init__(self, block_size: int, kv_address: str, store_lookup: StoreLookup | None = None) -> None:
+    def __init__(self, block_size: int, kv_address: str, store_lookup: AsyncStoreLookup | None = None,
+                 max_stats: int = 10_000) -> None:
         self._block_size = block_size
         self._kv_address = kv_address
         self._store = store_lookup
@@ -40,8 +44,10 @@ class ConnectorScheduler:
         self._sends: list[SendTask] = []
         self._recvs: list[RecvTask] = []
         self._loads: list[StoreLoadTask] = []
+        self._stats: OrderedDict[str, dict] = OrderedDict()  # request id: what its pull or load did
+        self._max_stats = max_stats
 
-    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         params = request.kv_transfer_params
         if params and params.get(kvp.DO_REMOTE_PREFILL):
             return self._num_remote_prefill_tokens(request, params, num_computed_tokens)
@@ -55,12 +61,14 @@ class ConnectorScheduler:
             self._plan_store_load(request, blocks, num_external_tokens)
 
     # ---- producer with a KV store ----
-    def _num_store_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+    def _num_store_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._store is None or request.request_id in self._store_loaded:
             return 0, False  # one load per request: after a failed one, vLLM recomputes
         nodes = self._store_plans.get(request.request_id)
         if nodes is None:  # asked again while the request waits for room: reuse the answer
-            nodes = self._store.nodes_of_cached_prefix(request.prompt_token_ids, _salt(request))
+            nodes = self._store.poll(request.request_id, request.prompt_token_ids, _salt(request))
+            if nodes is None:
+                return None, False  # not yet: vLLM skips the request this step and asks again
             self._store_plans[request.request_id] = nodes
         count = len(nodes) * self._block_size - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
@@ -120,21 +128,33 @@ class ConnectorScheduler:
             trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
         ))
 
+    # ---- both: per-request stats from the worker side ----
+    def update_connector_output(self, worker_meta: Any) -> None:
+        if not isinstance(worker_meta, PDMeshWorkerMeta):
+            return
+        self._stats.update(worker_meta.stats)
+        while len(self._stats) > self._max_stats:  # a request that left before its stats came
+            self._stats.popitem(last=False)
+
     # ---- producer ----
     def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._store_plans.pop(request.request_id, None)
+        if self._store is not None:
+            self._store.forget(request.request_id)
         loaded_from_store = request.request_id in self._store_loaded
         self._store_loaded.discard(request.request_id)
+        stats = self._stats.pop(request.request_id, None)
+        stats_params = {kvp.REQUEST_STATS: stats} if stats is not None else None
         params = request.kv_transfer_params
         if not params:
-            return False, None
+            return False, stats_params
         if params.get(kvp.DO_REMOTE_PREFILL):
             # Consumer request aborted before its blocks were allocated: still free the producer's.
             params[kvp.DO_REMOTE_PREFILL] = False
             self._recvs.append(self._release_only(request, params))
-            return False, None
+            return False, stats_params
         if not params.get(kvp.DO_REMOTE_DECODE) or not self._finished_normally(request):
-            return False, None
+            return False, stats_params
         block_ids = list(block_ids[0]) if block_ids and isinstance(block_ids[0], (list, tuple)) else list(block_ids)
         if not block_ids:
             return False, None
@@ -146,13 +166,20 @@ class ConnectorScheduler:
                                     trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {})))
         handle = kvp.handle_params(request.request_id, self._kv_address, block_ids, num_tokens)
         handle[kvp.LOADED_FROM_STORE] = loaded_from_store
+        if stats is not None:
+            handle[kvp.REQUEST_STATS] = stats
         return True, handle
 
     # ---- both ----
-    def build_connector_meta(self) -> PDMeshConnectorMetadata:
-        meta = PDMeshConnectorMetadata(sends=self._sends, recvs=self._recvs, loads=self._loads)
+    def build_connector_meta(self, num_scheduled_tokens: int = 0) -> PDMeshConnectorMetadata:
+        meta = PDMeshConnectorMetadata(sends=self._sends, recvs=self._recvs, loads=self._loads,
+                                       num_scheduled_tokens=num_scheduled_tokens)
         self._sends, self._recvs, self._loads = [], [], []
         return meta
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
 
     @staticmethod
     def _finished_normally(request: "Request") -> bool:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 REMOTE = "remote"  # tier label of blocks fetched from another node's store
 
 
+class LoadBudgetExceeded(Exception):
+    """A load ran past its time budget: computing the rest is cheaper than waiting for it."""
+
+
 @dataclass
 class StoreLoadStats:
     tokens_by_tier: dict[str, int] = field(default_factory=dict)  # prompt tokens loaded, by where from
@@ -39,6 +43,8 @@ class StoreLoadStats:
     num_failed_blocks: int = 0   # planned but not loaded (missing, corrupt, peer gone): computed instead
     num_bytes: int = 0
     seconds: float = 0.0
+    budget_s: float = 0.0        # the load's time budget: what computing its tokens would cost
+    cut: bool = False            # stopped at the budget (the rest was computed)
 
 
 def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list[BlockTier]:
@@ -66,7 +72,6 @@ class StoreAgent:
         self.servicer = KVStoreServicer(compat, self.store, self.index)
         self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s)
         self._lock = threading.Lock()
-        self._by_request: OrderedDict[str, StoreLoadStats] = OrderedDict()
         self._totals: Counter[str] = Counter()
         logger.info("KV store tiers: %s", ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers))
 
@@ -82,14 +87,20 @@ class StoreAgent:
         self.store.announce_all()
 
     # ---- save ----
-    def save(self, send: SendTask, read_block) -> int:
-        """Puts the full blocks of a finished prompt the store lacks; returns how many."""
+    def num_full_blocks(self, send: SendTask) -> int:
+        return min(len(send.token_ids) // self._block_size, len(send.block_ids))
+
+    def missing_blocks(self, send: SendTask) -> list[tuple[BlockKey, int]]:
+        """(key, engine block id) of the prompt's full blocks the store lacks, in prompt order."""
         keys = block_keys(self._seed, send.token_ids, self._block_size, send.extra_key)
+        return [(key, block_id) for key, block_id in zip(keys, send.block_ids) if not self.store.has(key)]
+
+    def put_rows(self, keys: list[BlockKey], rows) -> int:
+        """Puts row i of `rows` (a (n, block_nbytes) uint8 tensor) under keys[i]; returns how many."""
         num_saved = 0
-        for key, block_id in zip(keys, send.block_ids):
-            if self.store.has(key):
-                continue
-            if not self.store.put(key, read_block(block_id)):
+        payloads = rows.numpy()
+        for key, payload in zip(keys, payloads):
+            if not self.store.put(key, memoryview(payload)):
                 break  # out of space (every slot pinned): the rest is not saved
             num_saved += 1
         with self._lock:
@@ -97,25 +108,33 @@ class StoreAgent:
         return num_saved
 
     # ---- load ----
-    def load(self, task: StoreLoadTask, write_block) -> StoreLoadStats:
-        """Loads the task's blocks in order; stops at the first that fails (the rest is computed)."""
+    def load(self, task: StoreLoadTask, write_block, budget_s: float = float("inf")) -> StoreLoadStats:
+        """Loads the task's blocks in order; stops at the first that fails, or once loading has taken
+        `budget_s` (what computing the blocks would cost): the rest is computed."""
         started = time.perf_counter()
         keys = block_keys(self._seed, task.token_ids, self._block_size, task.extra_key)
         planned = list(zip(task.block_indexes, task.local_block_ids, task.nodes))
-        stats = StoreLoadStats(num_local_tokens=task.num_local_tokens)
+        stats = StoreLoadStats(num_local_tokens=task.num_local_tokens, budget_s=budget_s)
+        deadline = started + budget_s
         try:
             for node, run in groupby(planned, key=lambda item: item[2]):
                 run = list(run)
-                self._load_run(node, [(keys[i], local_id) for i, local_id, _ in run], write_block, stats)
+                self._load_run(node, [(keys[i], local_id) for i, local_id, _ in run], write_block, stats,
+                               deadline)
+        except LoadBudgetExceeded:
+            stats.cut = True
+            logger.info("request %s: KV store load cut at its %.3f s budget after %d of %d blocks; computing the rest",
+                        task.request_id, budget_s, stats.num_blocks, len(planned))
         except Exception as exc:  # noqa: BLE001 - a failed load becomes recompute, never a crash
             logger.warning("request %s: KV store load stopped after %d of %d blocks (%s); computing the rest",
                            task.request_id, stats.num_blocks, len(planned), exc)
         stats.num_failed_blocks = len(planned) - stats.num_blocks
         stats.seconds = time.perf_counter() - started
-        self._record(task.pdmesh_request_id, stats)
+        self._record(stats)
         return stats
 
-    def _load_run(self, node: str, run: list[tuple[BlockKey, int]], write_block, stats: StoreLoadStats) -> None:
+    def _load_run(self, node: str, run: list[tuple[BlockKey, int]], write_block, stats: StoreLoadStats,
+                  deadline: float) -> None:
         if node == "":
             for key, local_id in run:
                 found = self.store.read(key)
@@ -123,34 +142,29 @@ class StoreAgent:
                     raise TransferNotFound(f"block {key.block_hash.hex()} left the store or was corrupt")
                 payload, tier = found
                 write_block(local_id, payload)
-                self._count(stats, tier, payload)
+                self._count(stats, tier, payload, deadline)
             return
         for block in self._client.fetch(node, [key for key, _ in run]):
             key, local_id = run[block.block_index]
             if block.block_hash != key.block_hash:
                 raise BlockHashMismatch(f"{node} sent block {block.block_hash.hex()} for {key.block_hash.hex()}")
             write_block(local_id, block.payload)
-            self._count(stats, REMOTE, block.payload)
+            self._count(stats, REMOTE, block.payload, deadline)
 
-    def _count(self, stats: StoreLoadStats, tier: str, payload) -> None:
+    def _count(self, stats: StoreLoadStats, tier: str, payload, deadline: float) -> None:
         stats.tokens_by_tier[tier] = stats.tokens_by_tier.get(tier, 0) + self._block_size
         stats.num_blocks += 1
         stats.num_bytes += len(payload)
+        if time.perf_counter() > deadline:
+            raise LoadBudgetExceeded
 
     # ---- stats ----
-    def _record(self, request_id: str, stats: StoreLoadStats, max_requests: int = 10_000) -> None:
+    def _record(self, stats: StoreLoadStats) -> None:
         with self._lock:
-            self._by_request[request_id] = stats
-            while len(self._by_request) > max_requests:
-                self._by_request.popitem(last=False)
             self._totals["blocks_loaded"] += stats.num_blocks
             self._totals["failed_blocks"] += stats.num_failed_blocks
             self._totals["remote_blocks"] += stats.tokens_by_tier.get(REMOTE, 0) // self._block_size
-
-    def stats_for(self, request_id: str) -> dict | None:
-        with self._lock:
-            stats = self._by_request.get(request_id)
-            return None if stats is None else asdict(stats)
+            self._totals["loads_cut"] += int(stats.cut)
 
     def counters(self) -> dict:
         """Field names of pdmesh.v1.WorkerStats."""
@@ -167,6 +181,7 @@ class StoreAgent:
             "kv_store_pinned_blocks": self.store.num_pinned,
             "kv_store_dropped_blocks": self.store.num_dropped,
             "kv_store_index_errors": self.index.num_errors if self.index else 0,
+            "kv_store_loads_cut": totals.get("loads_cut", 0),
         }
 
     def close(self) -> None:

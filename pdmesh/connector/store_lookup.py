@@ -1,10 +1,15 @@
 """Scheduler side of the KV store: asks the engine's own store (in the worker process, over
-its KVStore service) how much of a prompt is cached, locally or on other nodes."""
+its KVStore service) how much of a prompt is cached, locally or on other nodes.
+
+The engine's scheduler never waits for that answer: `AsyncStoreLookup.poll` starts the lookup on a
+thread and answers None ("not yet": vLLM asks again at its next step) until it is in.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from kvstore.client import GrpcStoreClient
 from pdmesh.errors import PDMeshError
@@ -40,3 +45,38 @@ class StoreLookup:
 
     def close(self) -> None:
         self._client.close()
+
+
+class AsyncStoreLookup:
+    """Lookups on a small thread pool, one per request, polled by the scheduler each step."""
+
+    def __init__(self, lookup: StoreLookup, max_workers: int = 2) -> None:
+        self._lookup = lookup
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="pdmesh-kv-lookup")
+        self._pending: dict[str, Future] = {}
+
+    def poll(self, request_id: str, prompt_token_ids: Sequence[int], extra_key: bytes) -> list[str] | None:
+        """The nodes of the cached prefix once known (then forgotten here); None while the lookup runs."""
+        future = self._pending.get(request_id)
+        if future is None:
+            self._pending[request_id] = self._pool.submit(self._lookup.nodes_of_cached_prefix,
+                                                          list(prompt_token_ids), extra_key)
+            return None
+        if not future.done():
+            return None
+        del self._pending[request_id]
+        return future.result()  # nodes_of_cached_prefix turns every failure into a miss ([])
+
+    def forget(self, request_id: str) -> None:
+        """The request left before its answer was used (aborted, finished)."""
+        future = self._pending.pop(request_id, None)
+        if future is not None:
+            future.cancel()
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._lookup.close()

@@ -9,13 +9,6 @@ class PDMeshWorkerExtension:
         """The worker's CompatInfo, serialized."""
         return _connector_worker().compat.SerializeToString()
 
-    def pdmesh_transfer_stats(self, request_id: str) -> dict | None:
-        return _connector_worker().ledger.for_request(request_id)
-
-    def pdmesh_store_stats(self, request_id: str) -> dict | None:
-        store = _connector_worker().store
-        return None if store is None else store.stats_for(request_id)
-
     def pdmesh_store_spill(self, tier: str) -> int | None:
         """Blocks moved down into `tier`; None without a store or such a tier."""
         store = _connector_worker().store

@@ -14,15 +14,18 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 import torch
 from opentelemetry import context
 
 from kvstore.block_hash import chain_block_hashes
 from pdmesh.compat import fingerprint_seed, model_fingerprint
-from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask, StoreLoadTask
+from pdmesh.connector.compute_rate import ComputeRate
+from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask, StoreLoadTask
 from pdmesh.connector.paged_kv import PagedKVCache
 from pdmesh.connector.store_agent import StoreAgent
+from pdmesh.connector.store_saver import StoreSaver
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
 from pdmesh.config import StoreSettings, TelemetrySettings
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError, WorkerFailed
@@ -53,6 +56,9 @@ class ConnectorWorker:
         self._pull_timeout_s = pull_timeout_s
         self._lock = threading.Lock()
         self._done_recving: set[str] = set()
+        self._stats_pending: dict[str, dict] = {}   # engine request id: its pull or load stats, until reported
+        self._stats_reported: dict[str, dict] = {}  # reported received this step: go to the scheduler with it
+        self.compute_rate = ComputeRate(store.initial_compute_tokens_per_s if store else 5000.0)
         self._failed_block_ids: set[int] = set()
         self.held = HeldTransfers()
         self.ledger = TransferLedger()
@@ -62,8 +68,7 @@ class ConnectorWorker:
         self._servicer: KVTransferServicer | None = None
         self._receiver: GrpcKVReceiver | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
-        self._save_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-save",
-                                             initializer=widen_affinity)
+        self.saver: StoreSaver | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
         with all_cores():  # gRPC's threads start here: keep them off the engine's core
@@ -78,6 +83,7 @@ class ConnectorWorker:
         if self._is_producer:
             if self._store_settings is not None:
                 self.store = StoreAgent(self._store_settings, self.compat, self._paged.device)
+                self.saver = StoreSaver(self.store, self._paged, self.held, self._store_settings.save_queue_bytes)
             self._servicer = KVTransferServicer(self.compat, self.held, self._paged.read_block)
             self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                         extra_services=[self.store.extra_service()] if self.store else [])
@@ -88,10 +94,10 @@ class ConnectorWorker:
             self._receiver = GrpcKVReceiver(self.compat, timeout_s=self._pull_timeout_s)
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
+        self.compute_rate.on_step(meta.num_scheduled_tokens)
         for send in meta.sends:
-            if self.store is not None:
-                self.held.lease(send.transfer_id)  # before the hold: decode may release at once
-                self._save_pool.submit(self._save, send)
+            if self.saver is not None:
+                self.saver.submit(send)
             self._hold(send)
         for recv in meta.recvs:
             self._pool.submit(self._receive, recv)
@@ -102,7 +108,13 @@ class ConnectorWorker:
         finished_sending = self.held.take_finished() if self._is_producer else set()
         with self._lock:
             finished_recving, self._done_recving = self._done_recving, set()
+            self._stats_reported, self._stats_pending = self._stats_pending, {}
         return finished_sending or None, finished_recving or None
+
+    def take_worker_meta(self) -> PDMeshWorkerMeta | None:
+        """The stats of the requests get_finished just reported received (same step, same output)."""
+        stats, self._stats_reported = self._stats_reported, {}
+        return PDMeshWorkerMeta(stats) if stats else None
 
     def take_failed_block_ids(self) -> set[int]:
         with self._lock:
@@ -112,7 +124,10 @@ class ConnectorWorker:
     def counters(self) -> dict:
         total = self.ledger.total()
         servicer = self._servicer
-        return (self.store.counters() if self.store else {}) | {
+        saver = self.saver
+        return (self.store.counters() if self.store else {}) | ({
+            "kv_store_saves_skipped": saver.num_skipped, "kv_store_blocks_skipped": saver.num_skipped_blocks,
+        } if saver else {}) | {
             "kv_blocks_received": total["num_blocks"], "kv_bytes_received": total["num_bytes"],
             "kv_failed_blocks": total["num_failed_blocks"],
             "kv_blocks_sent": servicer.num_blocks_sent if servicer else 0,
@@ -122,7 +137,8 @@ class ConnectorWorker:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._save_pool.shutdown(wait=True, cancel_futures=True)
+        if self.saver is not None:
+            self.saver.shutdown()
         if self._server is not None:
             self._server.stop(grace_s=0.5)
         if self.store is not None:
@@ -138,25 +154,14 @@ class ConnectorWorker:
                                     deadline=time.monotonic() + self._hold_timeout_s,
                                     request_id=send.pdmesh_request_id))
 
-    def _save(self, send: SendTask) -> None:
-        token = context.attach(extract_carrier(send.trace_carrier))
-        try:
-            with tracer().start_as_current_span("kvstore.save") as span:
-                num_saved = self.store.save(send, self._paged.read_block)
-                span.set_attributes({"pdmesh.kvstore.blocks_saved": num_saved,
-                                     "pdmesh.kvstore.bytes_saved": num_saved * self.compat.block_nbytes})
-        except Exception:  # noqa: BLE001 - a failed save loses a cache entry, never the request
-            logger.warning("transfer %s: saving to the KV store failed", send.transfer_id, exc_info=True)
-        finally:
-            context.detach(token)
-            self.held.unlease(send.transfer_id)
-
     def _load(self, task: StoreLoadTask) -> None:
         token = context.attach(extract_carrier(task.trace_carrier))
         try:
             with tracer().start_as_current_span("kvstore.load") as span:
-                stats = self.store.load(task, self._paged.write_block)
-                span.set_attributes({
+                budget_s = self._store_settings.load_budget_factor * self.compute_rate.seconds_for(
+                    len(task.block_indexes) * self._block_size)
+                stats = self.store.load(task, self._paged.write_block, budget_s)
+                span.set_attributes({"pdmesh.kvstore.budget_s": budget_s, "pdmesh.kvstore.cut": stats.cut,
                     **{f"pdmesh.kvstore.tokens.{tier}": n for tier, n in stats.tokens_by_tier.items()},
                     "pdmesh.kvstore.blocks": stats.num_blocks, "pdmesh.kvstore.failed_blocks": stats.num_failed_blocks,
                     "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds})
@@ -165,6 +170,7 @@ class ConnectorWorker:
         with self._lock:
             self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
             self._done_recving.add(task.request_id)
+            self._stats_pending[task.request_id] = asdict(stats)
 
     def _receive(self, task: RecvTask) -> None:
         token = context.attach(extract_carrier(task.trace_carrier))
@@ -173,11 +179,12 @@ class ConnectorWorker:
                 stats = self._receive_traced(task, span)
         finally:
             context.detach(token)
-        self.ledger.record(task.pdmesh_request_id, stats)
+        self.ledger.record(stats)
         with self._lock:
             self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
             if task.report_done:
                 self._done_recving.add(task.request_id)
+                self._stats_pending[task.request_id] = asdict(stats)
 
     def _receive_traced(self, task: RecvTask, span) -> TransferStats:
         started = time.perf_counter()

@@ -42,3 +42,16 @@ def test_bad_block_id_and_bad_payload_size_are_rejected():
 def test_tensor_without_a_num_blocks_dimension_is_refused():
     with pytest.raises(ValueError, match="no dimension"):
         PagedKVCache({"l": torch.zeros(3, 4, 5)}, NUM_BLOCKS)
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_batched_read_equals_block_by_block_reads(split_kv):
+    cache = PagedKVCache(_caches(split_kv), NUM_BLOCKS)
+    block_ids = [5, 0, 3]
+    rows = cache.read_blocks(block_ids)
+    assert rows.shape == (3, cache.block_nbytes) and rows.dtype == torch.uint8
+    for row, block_id in zip(rows, block_ids):
+        assert bytes(row.numpy()) == bytes(cache.read_block(block_id))
+    assert cache.read_blocks([]).shape == (0, cache.block_nbytes)
+    with pytest.raises(InvalidRequest, match=r"block id 6 outside"):
+        cache.read_blocks([1, 6])

@@ -1,11 +1,15 @@
 """Scheduler-side decisions with stand-in requests and blocks (the e2e tests drive real vLLM)."""
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 from vllm.v1.request import RequestStatus
 
 from pdmesh.connector import params as kvp
+from pdmesh.connector.metadata import PDMeshWorkerMeta
 from pdmesh.connector.scheduler_side import ConnectorScheduler
+from pdmesh.connector.store_lookup import AsyncStoreLookup
 
 BLOCK_SIZE = 32
 
@@ -100,15 +104,34 @@ def test_consumer_aborted_before_allocation_releases_the_producer():
 
 class _FakeLookup:
     """Stands in for the worker's KVStore service (tests/pdmesh/connector/test_store_agent.py and
-    tests/e2e/test_mesh_kvstore.py drive the real one)."""
+    tests/e2e/test_mesh_kvstore.py drive the real one); `answer` lets a test hold the reply back."""
 
     def __init__(self, nodes: list[str]) -> None:
         self.nodes = nodes
         self.calls: list[tuple[int, bytes]] = []
+        self.answer = threading.Event()
+        self.answer.set()
 
     def nodes_of_cached_prefix(self, prompt_token_ids, extra_key: bytes) -> list[str]:
         self.calls.append((len(prompt_token_ids), extra_key))
+        assert self.answer.wait(10)
         return self.nodes
+
+    def close(self) -> None:
+        pass
+
+
+def _scheduler(lookup: _FakeLookup | None, kv_address: str = "127.0.0.1:1") -> ConnectorScheduler:
+    return ConnectorScheduler(BLOCK_SIZE, kv_address, AsyncStoreLookup(lookup) if lookup else None)
+
+
+def _matched(sched: ConnectorScheduler, request, num_computed_tokens: int) -> tuple[int, bool]:
+    """What the scheduler answers once the store lookup is in (vLLM asks again each step)."""
+    deadline = time.monotonic() + 10
+    while (answer := sched.get_num_new_matched_tokens(request, num_computed_tokens))[0] is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    return answer
 
 
 def _prefill_request(num_tokens: int, cache_salt: str | None = None) -> _Request:
@@ -117,11 +140,35 @@ def _prefill_request(num_tokens: int, cache_salt: str | None = None) -> _Request
     return request
 
 
+def test_the_store_lookup_never_blocks_the_scheduler_it_answers_not_yet():
+    lookup = _FakeLookup(["", ""])
+    lookup.answer.clear()  # the worker's store is slow to answer
+    sched = _scheduler(lookup)
+    request = _prefill_request(100)
+    assert sched.get_num_new_matched_tokens(request, 0) == (None, False)
+    assert sched.get_num_new_matched_tokens(request, 0) == (None, False)  # asked again next step: still out
+    lookup.answer.set()
+    assert _matched(sched, request, 0) == (64, True)
+    assert lookup.calls == [(100, b"")]  # one lookup per request
+
+
+def test_a_request_that_leaves_during_its_lookup_leaves_nothing_behind():
+    lookup = _FakeLookup([""])
+    lookup.answer.clear()
+    sched = _scheduler(lookup)
+    request = _prefill_request(100)
+    assert sched.get_num_new_matched_tokens(request, 0) == (None, False)
+    request.status = RequestStatus.FINISHED_ABORTED
+    assert sched.request_finished(request, ([],)) == (False, None)
+    lookup.answer.set()
+    assert sched._store.num_pending == 0 and sched._store_plans == {}
+
+
 def test_producer_claims_the_store_hit_beyond_its_own_prefix_cache_and_asks_once():
     lookup = _FakeLookup(["", "", "10.0.0.2:7"])  # 3 blocks: two here, one on another node
-    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:1", lookup)
+    sched = _scheduler(lookup)
     request = _prefill_request(100, cache_salt="tenant-a")
-    assert sched.get_num_new_matched_tokens(request, 0) == (96, True)
+    assert _matched(sched, request, 0) == (96, True)
     assert sched.get_num_new_matched_tokens(request, 32) == (64, True)  # asked again: same plan
     assert lookup.calls == [(100, b"tenant-a")]
     sched.update_state_after_alloc(request, _Blocks([20, 21, 22, 23]), num_external_tokens=64)
@@ -134,20 +181,35 @@ def test_producer_claims_the_store_hit_beyond_its_own_prefix_cache_and_asks_once
 
 
 def test_producer_reports_a_store_load_in_its_handle_and_saves_with_the_salt():
-    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:7", _FakeLookup(["", ""]))
+    sched = _scheduler(_FakeLookup(["", ""]), "127.0.0.1:7")
     request = _prefill_request(70, cache_salt="tenant-a")
-    sched.get_num_new_matched_tokens(request, 0)
+    _matched(sched, request, 0)
     sched.update_state_after_alloc(request, _Blocks([5, 8, 9]), num_external_tokens=64)
+    load_stats = {"tokens_by_tier": {"dram": 64}, "num_blocks": 2}
+    sched.update_connector_output(PDMeshWorkerMeta({"p-1": load_stats}))  # the worker's step output
     request.status, request.num_computed_tokens = RequestStatus.FINISHED_LENGTH_CAPPED, 70
     _, handle = sched.request_finished(request, ([5, 8, 9],))
     assert handle[kvp.LOADED_FROM_STORE] is True
+    assert handle[kvp.REQUEST_STATS] == load_stats
     (send,) = sched.build_connector_meta().sends
     assert (send.extra_key, send.pdmesh_request_id) == (b"tenant-a", "mesh-1")
 
 
 def test_no_store_hit_or_no_store_claims_nothing():
-    assert ConnectorScheduler(BLOCK_SIZE, "x", _FakeLookup([])).get_num_new_matched_tokens(
-        _prefill_request(100), 0) == (0, False)
+    assert _matched(_scheduler(_FakeLookup([])), _prefill_request(100), 0) == (0, False)
     assert ConnectorScheduler(BLOCK_SIZE, "x").get_num_new_matched_tokens(_prefill_request(100), 0) == (0, False)
-    sched = ConnectorScheduler(BLOCK_SIZE, "x", _FakeLookup(["", ""]))
-    assert sched.get_num_new_matched_tokens(_prefill_request(100), 64) == (0, False)  # own cache has it all
+    sched = _scheduler(_FakeLookup(["", ""]))
+    assert _matched(sched, _prefill_request(100), 64) == (0, False)  # own cache has it all
+
+
+def test_a_decode_requests_pull_stats_come_back_in_its_finished_params():
+    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:1")
+    request = _decode_request(96)
+    sched.get_num_new_matched_tokens(request, 0)
+    sched.update_state_after_alloc(request, _Blocks([1, 2, 3]), num_external_tokens=95)
+    pull_stats = {"num_blocks": 3, "num_bytes": 3 * 4096, "seconds": 0.01}
+    sched.update_connector_output(PDMeshWorkerMeta({"d-1": pull_stats}))
+    sched.update_connector_output(None)  # steps without worker metadata change nothing
+    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    assert sched.request_finished(request, ([1, 2, 3],)) == (False, {kvp.REQUEST_STATS: pull_stats})
+    assert sched.request_finished(request, ([1, 2, 3],)) == (False, None)  # handed out once

