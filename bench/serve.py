@@ -58,14 +58,14 @@ PROFILES: dict[str, list[Workload]] = {
         Workload("long", "random 2,000 in / 64 out, Poisson", _random(2000, 64), 40, "rate", (3.0,)),
     ],
     "full": [
-        Workload("short", "random 512 in / 128 out, closed loop", _random(512, 128), 64, "concurrency",
-                 (1, 4, 16, 32)),
-        Workload("long", "random 2,000 in / 64 out, Poisson", _random(2000, 64), 40, "rate",
+        Workload("short", "random 512 in / 128 out, closed loop", _random(512, 128), 48, "concurrency",
+                 (4, 16, 32)),
+        Workload("long", "random 2,000 in / 64 out, Poisson", _random(2000, 64), 32, "rate",
                  (0.5, 1.0, 2.0, 3.0, 4.0)),
-        Workload("mixed", "random 100-1,900 in / 64-192 out, Poisson", _random(1000, 128, 0.9), 60, "rate",
+        Workload("mixed", "random 100-1,900 in / 13-243 out, Poisson", _random(1000, 128, 0.9), 48, "rate",
                  (1.0, 2.0, 4.0, 6.0)),
         Workload("shared_prefix", "4 shared 1,536-token prefixes + 256 own tokens / 64 out, Poisson",
-                 SHARED_PREFIX, 48, "rate", (1.0, 2.0, 4.0, 6.0)),
+                 SHARED_PREFIX, 32, "rate", (1.0, 2.0, 4.0)),
     ],
 }
 
@@ -73,7 +73,7 @@ SYSTEMS: dict[str, System] = {
     "vllm": System("vllm", "vllm", cores="0-1", description="monolithic vLLM, one engine on both cores"),
     "vllm-1core": System("vllm-1core", "vllm", cores="0", description="monolithic vLLM on core 0 only"),
     "pdmesh": System("pdmesh", "pdmesh", description="pdmesh 1P (core 0) + 1D (core 1), defaults (KV store on)"),
-    "pdmesh-nostore": System("pdmesh-nostore", "pdmesh", worker_args=("--store.enabled", "false"),
+    "pdmesh-nostore": System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",),
                              description="pdmesh 1P + 1D, KV store off"),
 }
 

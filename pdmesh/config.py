@@ -58,8 +58,10 @@ class StoreSettings(BaseModel):
     fetch_timeout_s: float = 10.0         # a fetch from another node's store
     save_queue_bytes: int = 256 << 20     # copies waiting to be written; a save past this is skipped (counted)
     # A load is cut (the rest computed) once it has taken load_budget_factor x the time the engine would
-    # take to compute its tokens, at the rate it measures on its own steps (starting from this guess).
+    # take to compute its tokens, at the rate it measures on its own steps (starting from this guess),
+    # or load_budget_min_s if longer (a first connection to a peer is not a slow tier).
     load_budget_factor: float = 1.0
+    load_budget_min_s: float = 0.05
     initial_compute_tokens_per_s: float = 5000.0
 
 

@@ -50,7 +50,9 @@ def gateway_tls(certs) -> TlsSettings:
 @pytest.fixture(scope="module")
 def users_cluster(tiny_llama_dir, reference, redis, certs, tmp_path_factory):
     registry = ["--registry.redis_url", redis.url, "--registry.redis_password", redis.password]
-    worker_args = ["--hold_timeout_s", str(HOLD_TIMEOUT_S), *registry, "--store.redis_url", redis.url,
+    # Loads are never cut at their time budget here: the tests count exactly which tokens the store served.
+    worker_args = ["--hold_timeout_s", str(HOLD_TIMEOUT_S), *registry, "--store.load_budget_min_s", "60",
+                   "--store.redis_url", redis.url,
                    "--store.redis_password", redis.password, "--tls.cert_file", str(certs.server_cert),
                    "--tls.key_file", str(certs.server_key), "--tls.ca_file", str(certs.ca)]
     gateway_args = ["--http_port", "0", "--api_keys", json.dumps(API_KEYS), *registry,

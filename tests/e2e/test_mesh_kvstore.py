@@ -33,7 +33,8 @@ MAX_TOKENS = 16
 def store_cluster(tiny_llama_dir, reference, redis, otlp_receiver, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("store-cluster")
     worker_args = ["--hold_timeout_s", str(HOLD_TIMEOUT_S), "--no-engine.enable_prefix_caching",
-                   "--store.redis_url", redis.url, "--store.redis_password", redis.password]
+                   "--store.redis_url", redis.url, "--store.redis_password", redis.password,
+                   "--store.load_budget_min_s", "60"]  # never cut: the tests count which tokens the store served
     with LocalCluster(tiny_llama_dir, run_dir, num_prefill=2, worker_args=worker_args, store_dir=run_dir / "nvme",
                       telemetry_args=telemetry_flags(otlp_receiver.endpoint)) as running:
         yield running

@@ -161,6 +161,7 @@ def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers):
     a, _ = producers
     _save(a, [5, 2, 7])
     a.compute_rate = ComputeRate(initial_tokens_per_s=1e12)  # computing 64 tokens would take 64 ps
+    a._store_settings.load_budget_min_s = 0.0
     stats = _load(a, ["", ""], [0, 1])
     assert (stats["num_blocks"], stats["num_failed_blocks"], stats["cut"]) == (1, 1, True)
     assert a.take_failed_block_ids() == {1}
