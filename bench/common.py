@@ -38,7 +38,7 @@ def write_results(name: str, results: dict) -> Path:
     return path
 
 
-def plot_bars(name: str, panels: list[tuple[str, dict[str, float]]]) -> Path:
+def plot_bars(name: str, panels: list[tuple[str, dict[str, float]]], out_dir: Path = RESULTS_DIR) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,7 +51,8 @@ def plot_bars(name: str, panels: list[tuple[str, dict[str, float]]]) -> Path:
         for i, value in enumerate(bars.values()):
             ax.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom")
     fig.tight_layout()
-    path = RESULTS_DIR / f"{name}.png"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -61,13 +61,16 @@ PROFILES: dict[str, list[Workload]] = {
         Workload("short", "random 512 in / 128 out, closed loop", _random(512, 128), 48, "concurrency",
                  (4, 16, 32)),
         Workload("long", "random 2,000 in / 64 out, Poisson", _random(2000, 64), 32, "rate",
-                 (0.5, 1.0, 2.0, 3.0, 4.0)),
+                 (0.5, 1.0, 2.0, 3.0, 4.0, 6.0)),
         Workload("mixed", "random 100-1,900 in / 13-243 out, Poisson", _random(1000, 128, 0.9), 48, "rate",
-                 (1.0, 2.0, 4.0, 6.0)),
+                 (1.0, 2.0, 4.0, 6.0, 8.0)),
         Workload("shared_prefix", "4 shared 1,536-token prefixes + 256 own tokens / 64 out, Poisson",
                  SHARED_PREFIX, 32, "rate", (1.0, 2.0, 4.0)),
     ],
 }
+
+# Run once on every system before it is measured (first-touch costs), with prompts no point uses.
+WARMUP = Workload("warmup", "random 64 in / 8 out", _random(64, 8), 8, "concurrency", (4,))
 
 SYSTEMS: dict[str, System] = {
     "vllm": System("vllm", "vllm", cores="0-1", description="monolithic vLLM, one engine on both cores"),
@@ -75,6 +78,11 @@ SYSTEMS: dict[str, System] = {
     "pdmesh": System("pdmesh", "pdmesh", description="pdmesh 1P (core 0) + 1D (core 1), defaults (KV store on)"),
     "pdmesh-nostore": System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",),
                              description="pdmesh 1P + 1D, KV store off"),
+    "pdmesh-gil0.5ms": System("pdmesh-gil0.5ms", "pdmesh", worker_args=("--kv_gil_switch_interval_s", "0.0005"),
+                              description="pdmesh 1P + 1D, a 0.5 ms GIL switch interval in the engines' workers"),
+    "pdmesh-cond": System("pdmesh-cond", "pdmesh", gateway_args=("--disagg_policy", "conditional"),
+                          worker_args=("--kv_gil_switch_interval_s", "0.0005"),
+                          description="pdmesh 1P + 1D, conditional disaggregation (decode may prefill locally)"),
 }
 
 
@@ -86,7 +94,7 @@ def bench_flags(base_url: str, model_dir: Path, workload: Workload, point: float
             "--num-prompts", str(workload.num_prompts), *load, "--ignore-eos", "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES,
             "--goodput", f"ttft:{SLO_TTFT_MS:g}", f"tpot:{SLO_TPOT_MS:g}", "--disable-tqdm",
-            "--num-warmups", "2", "--ready-check-timeout-sec", "0", "--temperature", "0"]
+            "--num-warmups", "0", "--ready-check-timeout-sec", "0", "--temperature", "0", "--save-detailed"]
 
 
 def run_point(base_url: str, model_dir: Path, workload: Workload, point: float, seed: int,
@@ -105,9 +113,20 @@ KEPT_METRICS = ("completed", "failed", "duration", "request_throughput", "reques
                 "total_token_throughput")
 
 
+def per_request(raw: dict) -> list[list[float]]:
+    """[TTFT ms, TPOT ms, worst ITL ms] of each completed request: goodput under any other SLO later."""
+    requests = []
+    for ttft, latency, num_out, itls in zip(raw["ttfts"], raw["latencies"], raw["output_lens"], raw["itls"]):
+        if num_out:
+            tpot = (latency - ttft) / (num_out - 1) if num_out > 1 else 0.0
+            requests.append([round(1e3 * ttft, 2), round(1e3 * tpot, 2), round(1e3 * max(itls, default=0.0), 2)])
+    return requests
+
+
 def summarize(raw: dict) -> dict:
     """The metrics the report uses: throughput, goodput, and p50/p90/p99 of TTFT/TPOT/ITL/E2EL (ms)."""
     kept = {k: raw.get(k) for k in KEPT_METRICS}
+    kept["requests"] = per_request(raw)
     for metric in ("ttft", "tpot", "itl", "e2el"):
         kept[f"{metric}_ms"] = {p: raw.get(f"p{p}_{metric}_ms") for p in PERCENTILES.split(",")}
         kept[f"{metric}_ms"]["mean"] = raw.get(f"mean_{metric}_ms")
@@ -123,9 +142,13 @@ def run_system(system: System, model_dir: Path, workloads: list[Workload], log_d
     started = time.monotonic()
     with start(system, model_dir, log_dir) as base_url:
         print(f"[{system.name}] up in {time.monotonic() - started:.0f}s at {base_url}", flush=True)
-        for workload in workloads:
-            for point in workload.points:
-                raw = run_point(base_url, model_dir, workload, point, seed=0, timeout_s=timeout_s)
+        run_point(base_url, model_dir, WARMUP, WARMUP.points[0], seed=999_999, timeout_s=timeout_s)
+        for workload_index, workload in enumerate(workloads):
+            for index, point in enumerate(workload.points):
+                # Fresh prompts at every point (a seed per workload and point): a point must not hit the
+                # prefix cache the points before it filled. The same seeds for every system.
+                seed = 1000 * (1 + workload_index) + index
+                raw = run_point(base_url, model_dir, workload, point, seed=seed, timeout_s=timeout_s)
                 row = {"system": system.name, "workload": workload.name, "load": workload.load, "point": point,
                        **summarize(raw)}
                 rows.append(row)
@@ -135,6 +158,15 @@ def run_system(system: System, model_dir: Path, workloads: list[Workload], log_d
                       f"ITL p99 {row['itl_ms']['99']:.0f} ms, goodput {row['request_goodput']:.2f} req/s "
                       f"({row['slo_attainment']:.0%} in SLO)", flush=True)
     return rows
+
+
+def merged(earlier: dict, now: dict) -> dict:
+    """`now` plus the systems only `earlier` ran (a system run again replaces its earlier rows)."""
+    kept_systems = {name: spec for name, spec in earlier["systems"].items() if name not in now["systems"]}
+    kept_rows = [row for row in earlier["rows"] if row["system"] in kept_systems]
+    return {**now, "systems": {**kept_systems, **now["systems"]}, "rows": kept_rows + now["rows"],
+            "earlier_runs": [*earlier.get("earlier_runs", []), {"machine": earlier["machine"],
+                                                                 "systems": sorted(kept_systems)}]}
 
 
 def machine() -> dict:
@@ -155,24 +187,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", default=str(REPORT_DIR.parent / "REPORT.md"),
                         help="the report whose generated tables are rewritten ('' = none)")
     parser.add_argument("--point-timeout-s", type=float, default=900.0)
+    parser.add_argument("--replot", action="store_true",
+                        help="run nothing: rewrite the plots and the report's tables from the profile's JSON")
+    parser.add_argument("--fresh", action="store_true",
+                        help="drop the systems not run now from the results (default: keep their earlier rows)")
     args = parser.parse_args(argv)
     model_dir = ensure_llama(Path(args.model))
     workloads = [w for w in PROFILES[args.profile] if not args.workloads or w.name in args.workloads.split(",")]
     systems = [SYSTEMS[name] for name in args.systems.split(",")]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="pdmesh-serve-logs-") as log_dir:
-        for system in systems:
-            rows += run_system(system, model_dir, workloads, Path(log_dir), args.point_timeout_s)
-    results = {"machine": machine(), "profile": args.profile, "slo": {"ttft_ms": SLO_TTFT_MS, "tpot_ms": SLO_TPOT_MS},
-               "systems": {s.name: asdict(s) for s in systems}, "workloads": [asdict(w) for w in workloads],
-               "rows": rows}
     json_path = out_dir / f"serve_{args.profile}.json"
-    json_path.write_text(json.dumps(results, indent=1))
-    pngs = write_plots(results, out_dir)
+    earlier = json.loads(json_path.read_text()) if json_path.exists() and not args.fresh else None
+    with tempfile.TemporaryDirectory(prefix="pdmesh-serve-logs-") as log_dir:
+        for system in [] if args.replot else systems:  # results are written after each system: a crash later loses only that one
+            rows = run_system(system, model_dir, workloads, Path(log_dir), args.point_timeout_s)
+            results = {"machine": machine(), "profile": args.profile,
+                       "slo": {"ttft_ms": SLO_TTFT_MS, "tpot_ms": SLO_TPOT_MS},
+                       "systems": {system.name: asdict(system)}, "workloads": [asdict(w) for w in workloads],
+                       "rows": rows}
+            earlier = results if earlier is None else merged(earlier, results)
+            json_path.write_text(json.dumps(earlier, indent=1))
+    pngs = write_plots(earlier, out_dir)
     if args.report:
-        write_report_tables(results, Path(args.report))
+        write_report_tables(earlier, Path(args.report))
     print(f"wrote {json_path}, {', '.join(str(p) for p in pngs)}")
 
 

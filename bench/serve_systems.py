@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -82,6 +83,24 @@ def pdmesh_cluster(system: System, model_dir: Path, log_dir: Path) -> Iterator[s
                          gateway_args=["--http_port", "0", *system.gateway_args],
                          store_dir=Path(store_dir)) as cluster:
         yield f"http://{cluster.http_address}"
+
+
+@contextlib.contextmanager
+def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: float = 300.0) -> Iterator[dict]:
+    """Runs `python <command>` (logging to a file, not a pipe nobody reads) until its ready file
+    appears; yields the file's record; stops the process after."""
+    with log_path.open("w") as log:
+        popen = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready_file.exists():
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{command[:2]} did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield json.loads(ready_file.read_text())
+    finally:
+        _stop_group(popen)
 
 
 def start(system: System, model_dir: Path, log_dir: Path):

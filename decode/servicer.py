@@ -41,6 +41,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 timer.on_chunk(len(completion.token_ids))
                 if output.finished:
                     self._fill_final(chunk, request, completion.finish_reason, output.kv_transfer_params)
+                    if not request.kv.transfer_id:  # local prefill: what vLLM's own prefix cache had
+                        chunk.num_cached_tokens = output.num_cached_tokens or 0
                 yield chunk
             span.set_attributes({"pdmesh.completion_tokens": num_tokens, **timer.span_attributes()})
             logger.info("decode finished: %d tokens, ttft %.3fs", num_tokens, timer.ttft_s or 0.0)
@@ -54,7 +56,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             raise InvalidRequest("request_id is required")
         check_prompt(request.prompt_token_ids, self._info.max_model_len, self._info.vocab_size)
         check_sampling(request.sampling, len(request.prompt_token_ids), self._info.max_model_len)
-        check_compatible(self._info.compat, request.kv.compat)
+        if request.kv.transfer_id:
+            check_compatible(self._info.compat, request.kv.compat)
         if request.kv.num_tokens > len(request.prompt_token_ids):
             raise InvalidRequest("KV handle covers more tokens than the prompt has")
 

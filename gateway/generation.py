@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from gateway.auth import cache_salt_of
+from gateway.disagg import DisaggCosts, DisaggPolicy
 from gateway.pool import WorkerPool
 from gateway.request_run import RequestRun, RunState
 from gateway.routing import RoutePolicy
@@ -32,6 +33,9 @@ class MeshGenerator:
         self._tokenizer = tokenizer
         self._settings = settings
         self._metrics = metrics
+        self.disagg = DisaggPolicy(settings.disagg_policy,
+                                   DisaggCosts(settings.disagg_initial_tokens_per_s, settings.disagg_initial_handoff_s),
+                                   settings.max_local_stall_s)
         self.num_in_flight = 0
 
     async def list_models(self) -> generate_pb2.ListModelsResponse:
@@ -63,16 +67,20 @@ class MeshGenerator:
         info = await self._pool.any_info()
         prompt_token_ids = self._prompt_token_ids(request, info)
         state = RunState(request_id, prompt_token_ids, request.sampling, cache_salt_of(tenant, request.cache_salt))
-        run = RequestRun(self._pool, self._policy, state, self._deadline(timeout_s), self._settings.max_attempts,
-                         self._settings.first_token_from == "prefill")
+        run = RequestRun(self._pool, self._policy, self.disagg, state, self._deadline(timeout_s),
+                         self._settings.max_attempts, self._settings.first_token_from == "prefill")
         span.set_attributes({"pdmesh.route.policy": self._policy.name, "pdmesh.prompt_tokens": len(prompt_token_ids),
                              "pdmesh.tenant": tenant})
         timer = TokenTimer(self._metrics)
         async for chunk in run.chunks():
             timer.on_chunk(len(chunk.token_ids))
             yield response_of(request_id, chunk, state)
-        span.set_attributes({"pdmesh.route.prefill": state.prefill.address,
+        decision = state.decision
+        self._metrics.disagg_decisions.labels("gateway", "local" if decision.local else "remote",
+                                              decision.reason).inc()
+        span.set_attributes({"pdmesh.route.prefill": state.prefill.address if state.prefill else "",
                              "pdmesh.route.decode": state.decode.address if state.decode else "",
+                             **decision.span_attributes(),
                              "pdmesh.failovers": state.num_failovers,
                              "pdmesh.completion_tokens": len(state.generated), **timer.span_attributes()})
         logger.info("request finished: %d prompt + %d completion tokens, %d failovers", len(prompt_token_ids),
@@ -114,7 +122,8 @@ def response_of(request_id: str, chunk: worker_pb2.DecodeResponse, state: RunSta
     response.usage.prompt_tokens = num_prompt
     response.usage.completion_tokens = num_completion
     response.usage.total_tokens = num_prompt + num_completion
-    response.usage.cached_prompt_tokens = state.first_prefill.num_cached_tokens
+    response.usage.cached_prompt_tokens = (state.first_prefill.num_cached_tokens if state.first_prefill
+                                           else chunk.num_cached_tokens)
     transfer = response.transfer
     transfer.prefill_computed_tokens = state.prefill_computed_tokens
     transfer.prefill_cached_tokens = state.prefill_cached_tokens
@@ -128,4 +137,5 @@ def response_of(request_id: str, chunk: worker_pb2.DecodeResponse, state: RunSta
     transfer.decode_worker = state.decode.address if state.decode else ""
     transfer.num_failovers = state.num_failovers
     transfer.resumed_at_token = state.resumed_at_token
+    transfer.local_prefill = bool(state.decision and state.decision.local)
     return response

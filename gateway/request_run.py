@@ -10,18 +10,24 @@ that spans the resume point is not seen.
 
 Whatever ends an attempt other than a finished decode (failure, cancel, deadline) releases the
 prefill's pinned blocks, so a cancelled request never waits for the hold timeout.
+
+Each attempt first asks the disaggregation policy (gateway/disagg.py) whether to prefill remotely
+or let the chosen decode worker compute the prompt itself; the attempt reports what it observed
+(prefill time, handoff, local TTFT) back into the policy's measured costs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
 
+from gateway.disagg import Decision, DisaggPolicy
 from gateway.pool import Worker, WorkerPool
 from gateway.routing import RoutePolicy
 from pdmesh import errors
@@ -57,8 +63,9 @@ class RunState:
     prefill_computed_tokens: int = 0
     prefill_cached_tokens: int = 0
     prefill_store_tokens: Counter = field(default_factory=Counter)
-    prefill: Worker | None = None     # of the latest attempt
+    prefill: Worker | None = None     # of the latest attempt (None when it prefilled locally)
     decode: Worker | None = None
+    decision: Decision | None = None  # of the latest attempt: remote or local prefill, and why
 
     def record_prefill(self, response: worker_pb2.PrefillResponse) -> None:
         self.first_prefill = self.first_prefill or response
@@ -68,15 +75,17 @@ class RunState:
 
 
 class RequestRun:
-    def __init__(self, pool: WorkerPool, policy: RoutePolicy, state: RunState, deadline: float,
-                 max_attempts: int, stream_prefill_token: bool) -> None:
+    def __init__(self, pool: WorkerPool, policy: RoutePolicy, disagg: DisaggPolicy, state: RunState,
+                 deadline: float, max_attempts: int, stream_prefill_token: bool) -> None:
         self._pool = pool
         self._policy = policy
+        self._disagg = disagg
         self.state = state
         self._deadline = deadline
         self._max_attempts = max_attempts
         self._stream_prefill_token = stream_prefill_token
         self._excluded: set[str] = set()   # workers that failed this request
+        self._prefilled_at = 0.0            # monotonic time the latest remote prefill answered
 
     async def chunks(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
         """The decode stream the client sees, across failovers."""
@@ -109,11 +118,20 @@ class RequestRun:
         state.decode = None
         # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
         decodes = self._pool.compatible_with(prefill, await self._pool.candidates("decode", self._excluded))
+        decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
+        state.decision = self._disagg.decide(len(prompt), 0, prefill.address, decode.address,
+                                             decode_busy=decode.queue() > 0)
+        if state.decision.local:
+            state.prefill = None
+            async for chunk in self._local_chunks(decode, prompt):
+                state.generated += chunk.token_ids
+                yield chunk
+            return
         prefilled = await self._prefill(prefill, prompt)
         state.record_prefill(prefilled)
         finished = False
         try:
-            async for chunk in self._decode_chunks(decodes, prompt, num_left, prefilled):
+            async for chunk in self._decode_chunks(decode, prompt, num_left, prefilled):
                 state.generated += chunk.token_ids
                 finished = finished or bool(chunk.finish_reason)
                 yield chunk
@@ -132,16 +150,45 @@ class RequestRun:
             else None
         request = worker_pb2.PrefillRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
                                             sampling=sampling, cache_salt=self.state.cache_salt)
+        costs = self._disagg.costs
+        queued_before = costs.queued_tokens[prefill.address]
+        costs.queued_tokens[prefill.address] += len(prompt)
+        started = time.monotonic()
         with self._pool.busy(prefill):
             call = worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(request, timeout=self._time_left())
             try:
-                return await call
+                response = await call
             except grpc.aio.AioRpcError as exc:
                 raise self._failure(exc, prefill) from exc
             finally:
                 call.cancel()  # no-op once done; a cancelled request aborts the prefill
+                costs.queued_tokens[prefill.address] -= len(prompt)
+        costs.observe_prefill(response.num_computed_tokens, time.monotonic() - started, queued_before)
+        self._prefilled_at = time.monotonic()
+        return response
 
-    async def _decode_chunks(self, decodes: list[Worker], prompt: list[int], num_left: int,
+    async def _local_chunks(self, decode: Worker, prompt: list[int]) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """Decode computes the prompt itself (no KV handle): the colocated path, measured as it goes."""
+        self.state.decode = decode
+        costs = self._disagg.costs
+        queued_before = costs.queued_tokens[decode.address]
+        costs.queued_tokens[decode.address] += len(prompt)
+        started, queued = time.monotonic(), True
+        request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
+                                           sampling=self._sampling(len(prompt) - len(self.state.prompt_token_ids)),
+                                           cache_salt=self.state.cache_salt)
+        try:
+            async for chunk in self._decode_call(decode, request):
+                if queued and chunk.token_ids:
+                    queued = False
+                    costs.queued_tokens[decode.address] -= len(prompt)
+                    costs.observe_local(len(prompt), time.monotonic() - started, queued_before)
+                yield chunk
+        finally:
+            if queued:
+                costs.queued_tokens[decode.address] -= len(prompt)
+
+    async def _decode_chunks(self, decode: Worker, prompt: list[int], num_left: int,
                              prefilled: worker_pb2.PrefillResponse) -> AsyncIterator[worker_pb2.DecodeResponse]:
         """Decode's stream; with first_token_from=prefill, prefill's token first and decode continuing
         from prompt + that token (no last-token recompute on decode, first token before the KV moves)."""
@@ -156,9 +203,18 @@ class RequestRun:
             yield first
             prompt = [*prompt, prefilled.first_token_id]
             sampling.max_tokens -= 1
-        decode = self.state.decode = self._policy.pick_decode(decodes, len(prompt) + sampling.max_tokens)
+        self.state.decode = decode
         request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt, sampling=sampling,
                                            kv=prefilled.kv, cache_salt=self.state.cache_salt)
+        handed_off = False
+        async for chunk in self._decode_call(decode, request):
+            if not handed_off and chunk.token_ids:
+                handed_off = True
+                self._disagg.costs.observe_handoff(time.monotonic() - self._prefilled_at)
+            yield chunk
+
+    async def _decode_call(self, decode: Worker,
+                           request: worker_pb2.DecodeRequest) -> AsyncIterator[worker_pb2.DecodeResponse]:
         with self._pool.busy(decode):
             call = worker_pb2_grpc.DecodeStub(decode.channel).Decode(request, timeout=self._time_left())
             try:

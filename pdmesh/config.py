@@ -148,6 +148,10 @@ class WorkerSettings(_LayeredSettings):
     kv_port: int = 0                   # 0: pick a free port before the engine starts
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0
+    # Python's GIL switch interval in the engine's model-worker process (None: Python's 5 ms). The KV threads
+    # there (pulls, the KV server, store saves) need the GIL between their C calls, behind a model runner that
+    # holds it. 0.5 ms measured mixed (bench/REPORT.md: long prompts a little better, short ones worse).
+    kv_gil_switch_interval_s: float | None = None
     advertise_host: str | None = None  # how gateways reach this worker (registry record); default host
     ready_file: Path | None = None     # written with {"address": ...} once serving
     exit_with_parent: bool = False     # stop when the launching process dies (local clusters, tests)
@@ -182,6 +186,12 @@ class GatewaySettings(_LayeredSettings):
     # from prompt + token (earlier first token, no recompute; a new seed stream from token 2 on).
     first_token_from: Literal["decode", "prefill"] = "decode"
     http_port: int | None = None        # OpenAI-compatible HTTP API; 0 picks a free port; None: off
+    # Where prompts are computed (gateway/disagg.py): "remote" always on a prefill worker (P/D), "local" always
+    # on the decode worker, "conditional" per request from measured costs (Dynamo's conditional disaggregation).
+    disagg_policy: Literal["remote", "local", "conditional"] = "remote"
+    max_local_stall_s: float = 0.1          # conditional: a busy decode prefills locally only if its streams wait <= this
+    disagg_initial_tokens_per_s: float = 10000.0   # conditional: prefill rates until measured
+    disagg_initial_handoff_s: float = 0.02         # conditional: prefill response -> decode's first token, until measured
     # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".
     route_policy: Literal["round_robin", "least_loaded", "prefix_aware"] = "prefix_aware"
     route_load_tokens: int = 256        # prefix_aware: one queued request costs as much as computing this many tokens

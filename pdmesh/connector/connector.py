@@ -10,6 +10,7 @@ Each role's logic lives in its own class; this class only routes vLLM's calls to
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,6 +53,8 @@ class PDMeshConnector(KVConnectorBase_V1):
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup)
         else:
+            if extra.get("gil_switch_interval_s"):  # the KV threads' GIL handoffs (pdmesh/config.py)
+                sys.setswitchinterval(float(extra["gil_switch_interval_s"]))
             with all_cores():  # the tracer's gRPC exporter starts threads here: keep them off the engine's core
                 self._worker = self._make_worker(vllm_config, extra, block_size, kv_host, kv_port, store)
 

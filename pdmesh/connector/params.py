@@ -25,8 +25,11 @@ def prefill_params(request_id: str, trace_carrier: dict[str, str] | None = None)
     return {DO_REMOTE_DECODE: True, PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
 
 
-def decode_params(request_id: str, handle: common_pb2.KVHandle,
+def decode_params(request_id: str, handle: common_pb2.KVHandle | None,
                   trace_carrier: dict[str, str] | None = None) -> dict[str, Any]:
+    """A decode request's params: pull `handle`'s KV; with no handle, compute the prompt here."""
+    if handle is None or not handle.transfer_id:
+        return {PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
     return {
         DO_REMOTE_PREFILL: True,
         PDMESH_REQUEST_ID: request_id,

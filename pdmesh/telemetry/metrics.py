@@ -52,6 +52,9 @@ class MeshMetrics:
                                             ["role"], registry=r)
         self.store_blocks_saved = Counter("pdmesh_kv_store_blocks_saved", "Blocks written to the KV store", ["role"],
                                           registry=r)
+        self.disagg_decisions = Counter("pdmesh_disagg_decisions", "Where requests' prompts were computed "
+                                        "(remote: a prefill worker; local: the decode worker), and why",
+                                        ["role", "decision", "reason"], registry=r)
         self.healthy = Gauge("pdmesh_worker_healthy", "1 while the process serves", ["role"], registry=r)
 
     def serve(self, host: str, port: int) -> str:

@@ -1,13 +1,15 @@
 """bench.serve's report: goodput as DistServe defines it, tables, and the report's generated block."""
 
-from bench.serve_report import best_goodput, write_report_tables
+from bench.serve_report import best_goodput, best_goodput_under, under_slo, write_report_tables
 
 
-def _row(system: str, point: float, goodput: float, attainment: float, load: str = "rate") -> dict:
+def _row(system: str, point: float, goodput: float, attainment: float, load: str = "rate",
+         requests: list | None = None) -> dict:
     percentiles = {"50": 10.0, "90": 20.0, "99": 30.0, "mean": 12.0}
     return {"system": system, "workload": "long", "load": load, "point": point, "output_throughput": 100.0,
             "request_goodput": goodput, "slo_attainment": attainment, "ttft_ms": percentiles,
-            "tpot_ms": percentiles, "itl_ms": percentiles, "e2el_ms": percentiles}
+            "tpot_ms": percentiles, "itl_ms": percentiles, "e2el_ms": percentiles, "duration": 10.0,
+            "requests": requests or []}
 
 
 def _results(rows: list[dict]) -> dict:
@@ -34,3 +36,24 @@ def test_the_generated_block_is_replaced_and_the_text_around_it_kept(tmp_path):
     assert "| pdmesh | 3 | 100 | 10 / 20 / 30 | 10 / 30 | 30 | 1.00 | 50% |" in text
     assert "| vllm |" not in text
     assert "| pdmesh | 0 | 1.00 |" in text  # no rate met the SLO for 90% of requests
+
+
+def test_a_run_of_some_systems_keeps_the_rows_of_the_others():
+    from bench.serve import merged
+
+    earlier = _results([_row("vllm", 3.0, 2.8, 1.0), _row("pdmesh", 3.0, 1.0, 0.5)])
+    now = _results([_row("pdmesh", 3.0, 2.0, 0.9)])
+    now["systems"] = {"pdmesh": {}}
+    result = merged(earlier, now)
+    assert [(r["system"], r["request_goodput"]) for r in result["rows"]] == [("vllm", 2.8), ("pdmesh", 2.0)]
+    assert list(result["systems"]) == ["vllm", "pdmesh"]
+    assert result["earlier_runs"][0]["systems"] == ["vllm"]
+
+
+def test_goodput_under_another_slo_is_counted_from_each_requests_figures():
+    slo = {"ttft_ms": 1000.0, "tpot_ms": 25.0}
+    row = _row("vllm", 2.0, 0.0, 0.0, requests=[[900.0, 20.0, 50.0], [1100.0, 20.0, 50.0], [500.0, 30.0, 90.0],
+                                                  [999.0, 25.0, 40.0]])
+    assert under_slo(row, slo) == (0.2, 0.5)   # 2 of 4 in SLO over a 10 s run
+    faster = _row("vllm", 1.0, 0.0, 0.0, requests=[[10.0, 10.0, 10.0]] * 9 + [[2000.0, 10.0, 10.0]])
+    assert best_goodput_under([row, faster], slo) == (1.0, 0.9)

@@ -90,3 +90,23 @@ async def test_first_token_from_prefill_gives_the_same_greedy_tokens(cluster, re
             token_ids, _, last = await generate(address, make_request(prompt, max_tokens=MAX_TOKENS))
             assert token_ids == want, f"prompt of {len(prompt)} tokens diverged"
             assert last.usage.completion_tokens == len(want)
+
+
+@pytest.mark.parametrize("policy", ["local", "conditional"])
+async def test_local_and_conditional_prefill_give_the_same_greedy_tokens(cluster, reference, tiny_llama_dir, policy):
+    """Conditional disaggregation: decode computing the prompt itself changes no token."""
+    expected = reference["runs"][0]["token_ids"]
+    async with in_process_gateway(cluster, tiny_llama_dir, with_gateway=True, disagg_policy=policy) as (gateway,
+                                                                                                        address):
+        num_local = 0
+        for prompt, want in zip(token_prompts(), expected):
+            token_ids, _, last = await generate(address, make_request(prompt, max_tokens=MAX_TOKENS))
+            assert token_ids == want, f"prompt of {len(prompt)} tokens diverged ({policy})"
+            num_local += last.transfer.local_prefill
+            if last.transfer.local_prefill:
+                assert (last.transfer.num_blocks, last.transfer.prefill_worker) == (0, "")
+        decisions = gateway.generator.disagg.decisions
+        assert sum(n for (local, _), n in decisions.items() if local) == num_local
+    if policy == "local":
+        assert num_local == len(expected)
+    assert (await worker_stats(cluster.prefill_addresses[0])).num_held_transfers == 0

@@ -18,13 +18,14 @@ from tests.gateway.fake_workers import COMPAT, FakeWorker
 
 
 async def _start(tiny_llama_dir, decode_compat=COMPAT, kv_address="127.0.0.1:1", fail_decode=False,
-                 first_token_from="decode"):
+                 first_token_from="decode", disagg_policy="remote"):
     prefill = FakeWorker("prefill", kv_address=kv_address)
     decode = FakeWorker("decode", decode_compat, fail_decode=fail_decode)
     prefill_address = await prefill.server.start("127.0.0.1", 0)
     decode_address = await decode.server.start("127.0.0.1", 0)
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
-                                      tokenizer=str(tiny_llama_dir), first_token_from=first_token_from))
+                                      tokenizer=str(tiny_llama_dir), first_token_from=first_token_from,
+                                      disagg_policy=disagg_policy))
     return gateway, await gateway.start(), prefill, decode
 
 
@@ -201,5 +202,36 @@ async def test_prefill_token_that_ends_the_request_skips_decode_and_frees_the_kv
         assert (token_ids, last.finish_reason, last.usage.completion_tokens) == ([777], prefill_finish, 1)
         assert decode.requests == []
         assert await released(held) == {"t-r3"}
+    finally:
+        await _stop(gateway, prefill, decode)
+
+
+async def test_local_prefill_sends_decode_no_handle_and_reaches_no_prefill(tiny_llama_dir):
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, disagg_policy="local")
+    try:
+        token_ids, _, last = await generate(address, make_request([0, 7, 9], max_tokens=2, request_id="r5"))
+        assert token_ids == [0, 7]
+        assert prefill.requests == []
+        (decode_request,) = decode.requests
+        assert not decode_request.HasField("kv") and list(decode_request.prompt_token_ids) == [0, 7, 9]
+        assert (last.transfer.local_prefill, last.transfer.prefill_worker) == (True, "")
+        assert last.usage.cached_prompt_tokens == 3  # what decode reported it did not compute
+        assert gateway.generator.disagg.decisions == {(True, "policy"): 1}
+    finally:
+        await _stop(gateway, prefill, decode)
+
+
+async def test_conditional_policy_measures_both_paths_and_follows_the_cheaper(tiny_llama_dir):
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, disagg_policy="conditional")
+    costs = gateway.generator.disagg.costs
+    try:
+        costs.local_tokens_per_s.value, costs.prefill_tokens_per_s.value = 1e9, 1.0  # decode far faster
+        _, _, last = await generate(address, make_request([0, 7, 9], max_tokens=2))
+        assert last.transfer.local_prefill and costs.local_tokens_per_s.num_samples == 1
+        costs.local_tokens_per_s.value, costs.prefill_tokens_per_s.value = 1.0, 1e9  # prefill far faster
+        _, _, last = await generate(address, make_request([0, 7, 9], max_tokens=2))
+        assert not last.transfer.local_prefill
+        assert (costs.prefill_tokens_per_s.num_samples, costs.handoff_s.num_samples) == (1, 1)
+        assert costs.queued_tokens == {f: 0 for f in costs.queued_tokens}  # nothing left counted as queued
     finally:
         await _stop(gateway, prefill, decode)

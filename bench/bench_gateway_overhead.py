@@ -1,0 +1,116 @@
+"""Gateway overhead: the same streams direct to a decode worker and through the gateway.
+
+python -m bench.bench_gateway_overhead [--concurrency 200 --requests 2000 --tokens 16]
+
+Stub workers (bench/stub_workers.py: no engine, decode streams its tokens at once) and a real
+gateway process (`python -m gateway`) in front of them; a client keeps `--concurrency` gRPC streams
+open at once. Per request: time to first token and to the last. The gateway's overhead is the
+difference of the medians between the two paths (the gateway adds a Prefill call and a hop per
+chunk). Target of the serving issue: <= 2 ms p50 at 200 concurrent streams. Writes
+bench/report/gateway_overhead.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from bench.common import plot_bars
+from bench.serve_systems import spawned
+from pdmesh.client import make_request
+from pdmesh.config import DEFAULT_MODEL_DIR
+from pdmesh.transport.grpc_options import GRPC_OPTIONS
+from pdmesh.v1 import common_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+REPORT_DIR = Path(__file__).resolve().parent / "report"
+PROMPT = list(range(3, 3 + 64))
+
+
+async def _timed(stream) -> tuple[float, float]:
+    started = time.perf_counter()
+    first = None
+    async for chunk in stream:
+        if first is None and chunk.token_ids:
+            first = time.perf_counter() - started
+    return first or 0.0, time.perf_counter() - started
+
+
+async def _drive(open_stream: Callable[[int], Awaitable], num_requests: int, concurrency: int) -> dict:
+    limit = asyncio.Semaphore(concurrency)
+    samples: list[tuple[float, float]] = []
+
+    async def one(i: int) -> None:
+        async with limit:
+            samples.append(await _timed(open_stream(i)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(num_requests)))
+    seconds = time.perf_counter() - started
+    ttft, e2e = sorted(s[0] for s in samples), sorted(s[1] for s in samples)
+    return {"requests_per_s": num_requests / seconds,
+            "ttft_ms": {"50": 1e3 * statistics.median(ttft), "99": 1e3 * ttft[int(0.99 * len(ttft))]},
+            "e2e_ms": {"50": 1e3 * statistics.median(e2e), "99": 1e3 * e2e[int(0.99 * len(e2e))]}}
+
+
+async def _direct(decode_address: str, args) -> dict:
+    async with grpc.aio.insecure_channel(decode_address, options=GRPC_OPTIONS) as channel:
+        stub = worker_pb2_grpc.DecodeStub(channel)
+        sampling = common_pb2.SamplingParams(max_tokens=args.tokens)
+        await _drive(lambda i: stub.Decode(worker_pb2.DecodeRequest(request_id=f"w{i}", prompt_token_ids=PROMPT,
+                                                                    sampling=sampling)), 50, 10)  # warm-up
+        return await _drive(lambda i: stub.Decode(worker_pb2.DecodeRequest(
+            request_id=f"d{i}", prompt_token_ids=PROMPT, sampling=sampling)), args.requests, args.concurrency)
+
+
+async def _through_gateway(gateway_address: str, args) -> dict:
+    async with grpc.aio.insecure_channel(gateway_address, options=GRPC_OPTIONS) as channel:
+        stub = generate_pb2_grpc.GenerationStub(channel)
+        await _drive(lambda i: stub.Generate(make_request(PROMPT, max_tokens=args.tokens)), 50, 10)  # warm-up
+        return await _drive(lambda i: stub.Generate(make_request(PROMPT, max_tokens=args.tokens)), args.requests,
+                            args.concurrency)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        stubs_ready, gateway_ready = Path(work) / "stubs.json", Path(work) / "gateway.json"
+        with spawned(["-m", "bench.stub_workers", str(stubs_ready), "--num-tokens", str(args.tokens)],
+                     stubs_ready, Path(work) / "stubs.log") as stubs, \
+                spawned(["-m", "gateway", "--port", "0", "--tokenizer", str(DEFAULT_MODEL_DIR),
+                          "--prefill_workers", json.dumps([stubs["prefill"]]),
+                          "--decode_workers", json.dumps([stubs["decode"]]),
+                          "--max_in_flight", str(args.concurrency * 2), "--ready_file", str(gateway_ready),
+                          "--exit_with_parent"], gateway_ready, Path(work) / "gateway.log") as gateway:
+            direct = asyncio.run(_direct(stubs["decode"], args))
+            through = asyncio.run(_through_gateway(gateway["address"], args))
+    overhead = {k: through[k]["50"] - direct[k]["50"] for k in ("ttft_ms", "e2e_ms")}
+    results = {"workload": vars(args), "direct_to_decode": direct, "through_gateway": through,
+               "gateway_overhead_ms_p50": overhead}
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / "gateway_overhead.json").write_text(json.dumps(results, indent=1))
+    plot_bars("gateway_overhead", [
+        ("TTFT p50 (ms)", {"direct": direct["ttft_ms"]["50"], "gateway": through["ttft_ms"]["50"]}),
+        ("end to end p50 (ms)", {"direct": direct["e2e_ms"]["50"], "gateway": through["e2e_ms"]["50"]}),
+        ("requests/s", {"direct": direct["requests_per_s"], "gateway": through["requests_per_s"]})],
+        out_dir=REPORT_DIR)
+    print(f"{args.concurrency} concurrent streams, {args.tokens} tokens each: direct TTFT p50 "
+          f"{direct['ttft_ms']['50']:.2f} ms, e2e {direct['e2e_ms']['50']:.2f} ms, {direct['requests_per_s']:.0f} req/s | "
+          f"through the gateway TTFT {through['ttft_ms']['50']:.2f} ms, e2e {through['e2e_ms']['50']:.2f} ms, "
+          f"{through['requests_per_s']:.0f} req/s | overhead p50: TTFT {overhead['ttft_ms']:.2f} ms, "
+          f"e2e {overhead['e2e_ms']:.2f} ms (target <= 2 ms)")
+
+
+if __name__ == "__main__":
+    main()

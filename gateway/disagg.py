@@ -1,0 +1,108 @@
+"""Conditional disaggregation: per request, prefill on a prefill worker (remote) or let the decode
+worker compute the prompt itself (local), from costs this gateway measures.
+
+NVIDIA Dynamo's router has the same switch (`--router-conditional-disagg`, experimental): short or
+mostly cached prompts gain nothing from moving KV, and a prefill queue can cost more than computing
+locally. The model, in seconds until the request's first token:
+
+  remote = (tokens queued on the prefill worker + the prompt's uncached tokens) / prefill rate
+           + handoff (prefill's response to decode's first token: KV pull, scheduling)
+  local  = (tokens queued for local prefill on the decode worker + the prompt's tokens) / decode's
+           prefill rate
+  stall  = the prompt's tokens / decode's prefill rate: how long every stream running on that decode
+           waits while it computes the prompt (their inter-token latency)
+
+Local wins when it is cheaper AND either the decode is idle or the stall stays within
+`max_local_stall_s`. The rates and the handoff are exponential moving averages of what this gateway
+observes (prefill RPCs that started on an empty queue, local prefills' TTFT, remote handoffs),
+starting from `initial_tokens_per_s` / `initial_handoff_s` until the first observations come in.
+Queued tokens are this gateway's own in-flight prompts on each worker.
+
+Policies: "remote" (always disaggregate: vLLM's and SGLang's P/D flow), "local" (never: the decode
+worker serves alone, a colocated baseline behind the same gateway), "conditional" (the model above).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Decision:
+    local: bool
+    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall"
+    remote_s: float = 0.0
+    local_s: float = 0.0
+    stall_s: float = 0.0
+
+    def span_attributes(self) -> dict:
+        return {"pdmesh.disagg.decision": "local" if self.local else "remote", "pdmesh.disagg.reason": self.reason,
+                "pdmesh.disagg.remote_s": self.remote_s, "pdmesh.disagg.local_s": self.local_s,
+                "pdmesh.disagg.stall_s": self.stall_s}
+
+
+class Ewma:
+    def __init__(self, initial: float, alpha: float = 0.2) -> None:
+        self.value = initial
+        self.num_samples = 0
+        self._alpha = alpha
+
+    def observe(self, sample: float) -> None:
+        self.value = sample if self.num_samples == 0 else self.value + self._alpha * (sample - self.value)
+        self.num_samples += 1
+
+
+class DisaggCosts:
+    """What the gateway has measured, and the work it has queued on each worker (by address)."""
+
+    def __init__(self, initial_tokens_per_s: float, initial_handoff_s: float) -> None:
+        self.prefill_tokens_per_s = Ewma(initial_tokens_per_s)
+        self.local_tokens_per_s = Ewma(initial_tokens_per_s)
+        self.handoff_s = Ewma(initial_handoff_s)
+        self.queued_tokens: Counter[str] = Counter()   # worker address: prompt tokens it is computing for us
+
+    def observe_prefill(self, num_computed_tokens: int, seconds: float, queued_before: int) -> None:
+        """A remote prefill's RPC time; only one that found its worker's queue empty measures the rate."""
+        if queued_before == 0 and num_computed_tokens > 0 and seconds > 0:
+            self.prefill_tokens_per_s.observe(num_computed_tokens / seconds)
+
+    def observe_local(self, num_tokens: int, ttft_s: float, queued_before: int) -> None:
+        if queued_before == 0 and num_tokens > 0 and ttft_s > 0:
+            self.local_tokens_per_s.observe(num_tokens / ttft_s)
+
+    def observe_handoff(self, seconds: float) -> None:
+        if seconds > 0:
+            self.handoff_s.observe(seconds)
+
+
+class DisaggPolicy:
+    def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float) -> None:
+        self.name = name
+        self.costs = costs
+        self._max_local_stall_s = max_local_stall_s
+        self.decisions: Counter[tuple[bool, str]] = Counter()
+
+    def decide(self, num_prompt_tokens: int, num_cached_tokens: int, prefill_address: str, decode_address: str,
+               decode_busy: bool) -> Decision:
+        """Where this request's prompt is computed; `num_cached_tokens`: what the prefill side holds."""
+        decision = self._decide(num_prompt_tokens, num_cached_tokens, prefill_address, decode_address, decode_busy)
+        self.decisions[(decision.local, decision.reason)] += 1
+        return decision
+
+    def _decide(self, num_prompt_tokens: int, num_cached_tokens: int, prefill_address: str, decode_address: str,
+                decode_busy: bool) -> Decision:
+        if self.name != "conditional":
+            return Decision(local=self.name == "local", reason="policy")
+        costs = self.costs
+        uncached = max(num_prompt_tokens - num_cached_tokens, 1)
+        remote_s = ((costs.queued_tokens[prefill_address] + uncached) / costs.prefill_tokens_per_s.value
+                    + costs.handoff_s.value)
+        local_rate = costs.local_tokens_per_s.value
+        local_s = (costs.queued_tokens[decode_address] + num_prompt_tokens) / local_rate
+        stall_s = num_prompt_tokens / local_rate
+        if local_s > remote_s:
+            return Decision(False, "cheaper_remote", remote_s, local_s, stall_s)
+        if decode_busy and stall_s > self._max_local_stall_s:
+            return Decision(False, "stall", remote_s, local_s, stall_s)
+        return Decision(True, "cheaper_local", remote_s, local_s, stall_s)
