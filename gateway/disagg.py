@@ -5,7 +5,7 @@ NVIDIA Dynamo's router has the same switch (`--router-conditional-disagg`, exper
 mostly cached prompts gain nothing from moving KV, and a prefill queue can cost more than computing
 locally. The model, in seconds until the request's first token:
 
-  remote = (tokens queued on the prefill worker + the prompt's uncached tokens) / prefill rate
+  remote = (tokens queued on the prefill worker + the prompt's tokens) / prefill rate
            + handoff (prefill's response to decode's first token: KV pull, scheduling)
   local  = (tokens queued for local prefill on the decode worker + the prompt's tokens) / decode's
            prefill rate
@@ -83,20 +83,19 @@ class DisaggPolicy:
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
 
-    def decide(self, num_prompt_tokens: int, num_cached_tokens: int, prefill_address: str, decode_address: str,
+    def decide(self, num_prompt_tokens: int, prefill_address: str, decode_address: str,
                decode_busy: bool) -> Decision:
-        """Where this request's prompt is computed; `num_cached_tokens`: what the prefill side holds."""
-        decision = self._decide(num_prompt_tokens, num_cached_tokens, prefill_address, decode_address, decode_busy)
+        """Where this request's prompt is computed. Neither side's cached prefix is counted yet."""
+        decision = self._decide(num_prompt_tokens, prefill_address, decode_address, decode_busy)
         self.decisions[(decision.local, decision.reason)] += 1
         return decision
 
-    def _decide(self, num_prompt_tokens: int, num_cached_tokens: int, prefill_address: str, decode_address: str,
+    def _decide(self, num_prompt_tokens: int, prefill_address: str, decode_address: str,
                 decode_busy: bool) -> Decision:
         if self.name != "conditional":
             return Decision(local=self.name == "local", reason="policy")
         costs = self.costs
-        uncached = max(num_prompt_tokens - num_cached_tokens, 1)
-        remote_s = ((costs.queued_tokens[prefill_address] + uncached) / costs.prefill_tokens_per_s.value
+        remote_s = ((costs.queued_tokens[prefill_address] + num_prompt_tokens) / costs.prefill_tokens_per_s.value
                     + costs.handoff_s.value)
         local_rate = costs.local_tokens_per_s.value
         local_s = (costs.queued_tokens[decode_address] + num_prompt_tokens) / local_rate

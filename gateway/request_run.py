@@ -119,7 +119,7 @@ class RequestRun:
         # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
         decodes = self._pool.compatible_with(prefill, await self._pool.candidates("decode", self._excluded))
         decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
-        state.decision = self._disagg.decide(len(prompt), 0, prefill.address, decode.address,
+        state.decision = self._disagg.decide(len(prompt), prefill.address, decode.address,
                                              decode_busy=decode.queue() > 0)
         if state.decision.local:
             state.prefill = None

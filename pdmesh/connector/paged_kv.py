@@ -46,19 +46,12 @@ class PagedKVCache:
 
     def read_block(self, block_id: int) -> memoryview:
         """A fresh contiguous copy of one block across all layers."""
-        self._check(block_id)
-        out = torch.empty(self.block_nbytes, dtype=torch.uint8)
-        offset = 0
-        for layer in self._layers:
-            piece = layer.tensor.select(layer.block_dim, block_id).contiguous()
-            out[offset:offset + layer.block_nbytes].copy_(piece.view(-1).view(torch.uint8).cpu())
-            offset += layer.block_nbytes
-        return memoryview(out.numpy())
+        return memoryview(self.read_blocks([block_id])[0].numpy())
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        """One batched copy of many blocks: a (len(block_ids), block_nbytes) uint8 tensor on the host
-        whose row i holds the bytes `read_block(block_ids[i])` would. One gather per layer (C++,
-        GIL released), not one Python-level copy per block and layer."""
+        """One batched copy of many blocks: a (len(block_ids), block_nbytes) uint8 tensor on the host,
+        row i the wire bytes of block_ids[i]. One gather per layer (C++, GIL released), not one
+        Python-level copy per block and layer."""
         for block_id in block_ids:
             self._check(block_id)
         out = torch.empty((len(block_ids), self.block_nbytes), dtype=torch.uint8)

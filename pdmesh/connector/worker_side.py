@@ -58,7 +58,9 @@ class ConnectorWorker:
         self._done_recving: set[str] = set()
         self._stats_pending: dict[str, dict] = {}   # engine request id: its pull or load stats, until reported
         self._stats_reported: dict[str, dict] = {}  # reported received this step: go to the scheduler with it
-        self.compute_rate = ComputeRate(store.initial_compute_tokens_per_s if store else 5000.0)
+        # The store's loads are budgeted by it; without a store nothing reads it, so it is not kept.
+        self.compute_rate = (ComputeRate(self._store_settings.initial_compute_tokens_per_s)
+                             if self._store_settings is not None else None)
         self._failed_block_ids: set[int] = set()
         self.held = HeldTransfers()
         self.ledger = TransferLedger()
@@ -94,7 +96,8 @@ class ConnectorWorker:
             self._receiver = GrpcKVReceiver(self.compat, timeout_s=self._pull_timeout_s)
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
-        self.compute_rate.on_step(meta.num_scheduled_tokens)
+        if self.compute_rate is not None:
+            self.compute_rate.on_step(meta.num_scheduled_tokens)
         for send in meta.sends:
             if self.saver is not None:
                 self.saver.submit(send)

@@ -11,25 +11,25 @@ def _policy(prefill_rate: float, local_rate: float, handoff_s: float = 0.02, max
 
 def test_an_idle_decode_takes_a_prompt_it_computes_sooner_than_prefill_plus_the_handoff():
     policy = _policy(prefill_rate=10_000, local_rate=10_000)
-    decision = policy.decide(100, 0, "p", "d", decode_busy=False)  # 10 ms here vs 10 ms + 20 ms handoff
+    decision = policy.decide(100, "p", "d", decode_busy=False)  # 10 ms here vs 10 ms + 20 ms handoff
     assert (decision.local, decision.reason) == (True, "cheaper_local")
     assert (decision.local_s, decision.remote_s) == (0.01, 0.03)
 
 
 def test_a_long_prompt_goes_remote_when_the_busy_decode_would_stall_its_streams():
     policy = _policy(prefill_rate=10_000, local_rate=10_000, max_stall_s=0.1)
-    decision = policy.decide(2000, 0, "p", "d", decode_busy=True)  # 0.2 s stall > 0.1 s
+    decision = policy.decide(2000, "p", "d", decode_busy=True)  # 0.2 s stall > 0.1 s
     assert (decision.local, decision.reason, decision.stall_s) == (False, "stall", 0.2)
-    assert policy.decide(2000, 0, "p", "d", decode_busy=False).local  # idle: nobody stalls
+    assert policy.decide(2000, "p", "d", decode_busy=False).local  # idle: nobody stalls
 
 
-def test_a_queued_prefill_worker_makes_local_cheaper_and_cached_tokens_make_remote_cheaper():
+def test_a_queued_prefill_worker_makes_local_cheaper_and_a_queued_decode_makes_remote_cheaper():
     policy = _policy(prefill_rate=10_000, local_rate=5_000)
-    assert not policy.decide(400, 0, "p", "d", decode_busy=False).local  # 80 ms here vs 60 ms there
+    assert not policy.decide(400, "p", "d", decode_busy=False).local  # 80 ms here vs 60 ms there
     policy.costs.queued_tokens["p"] = 4000                                # 0.4 s of work queued there
-    assert policy.decide(400, 0, "p", "d", decode_busy=False).local
+    assert policy.decide(400, "p", "d", decode_busy=False).local
     policy.costs.queued_tokens["d"] = 4000                                # and as much queued here
-    assert not policy.decide(400, 0, "p", "d", decode_busy=False).local
+    assert not policy.decide(400, "p", "d", decode_busy=False).local
     assert policy.decisions == {(False, "cheaper_remote"): 2, (True, "cheaper_local"): 1}
 
 
@@ -45,5 +45,5 @@ def test_rates_are_measured_only_from_unqueued_requests():
 
 def test_fixed_policies_do_not_weigh_anything():
     costs = DisaggCosts(1000.0, 0.02)
-    assert DisaggPolicy("remote", costs, 0.1).decide(1, 0, "p", "d", False).local is False
-    assert DisaggPolicy("local", costs, 0.1).decide(10**6, 0, "p", "d", True).local is True
+    assert DisaggPolicy("remote", costs, 0.1).decide(1, "p", "d", False).local is False
+    assert DisaggPolicy("local", costs, 0.1).decide(10**6, "p", "d", True).local is True
