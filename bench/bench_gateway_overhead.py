@@ -23,14 +23,13 @@ from pathlib import Path
 
 import grpc
 
-from bench.common import plot_bars
+from bench.common import REPORT_DIR, plot_bars
 from bench.serve_systems import spawned
 from pdmesh.client import make_request
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.v1 import common_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 
-REPORT_DIR = Path(__file__).resolve().parent / "report"
 PROMPT = list(range(3, 3 + 64))
 
 

@@ -24,13 +24,12 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from bench.common import plot_bars, random_prompts
+from bench.common import REPORT_DIR, plot_bars, random_prompts
 from bench.serve_systems import System, monolithic_vllm, spawned
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama
 from pdmesh.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
-REPORT_DIR = Path(__file__).resolve().parent / "report"
 
 
 def prefill_worker(model_dir: Path, log_dir: Path, name: str, args: list[str]):

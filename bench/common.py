@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"  # scratch runs (ignored by git)
+REPORT_DIR = Path(__file__).resolve().parent / "report"    # the committed report's JSON and plots
 
 
 def random_prompts(num_prompts: int, prompt_len: int, seed: int, vocab_size: int = 1024) -> list[list[int]]:
@@ -31,9 +32,9 @@ def memcpy_gbps(nbytes: int = 64 << 20, repeats: int = 7) -> float:
     return statistics.median(samples)
 
 
-def write_results(name: str, results: dict) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+def write_results(name: str, results: dict, out_dir: Path = RESULTS_DIR) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
     path.write_text(json.dumps(results, indent=2))
     return path
 

@@ -21,12 +21,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.common import REPORT_DIR
 from bench.serve_report import write_plots, write_report_tables
 from bench.serve_systems import System, start
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama
 
-REPORT_DIR = Path(__file__).resolve().parent / "report"
 SLO_TTFT_MS = 2500.0
 SLO_TPOT_MS = 60.0
 PERCENTILES = "50,90,99"

@@ -6,9 +6,15 @@ lower tier promotes the block to the first tier. Lookups touch a prefix's blocks
 to its head, so within one prefix the tail is older and is demoted first: a prefix loses its
 end before its start, and what stays is still a usable prefix.
 
+Batches: `put_many` and `read_prefix` move n blocks with one copy per tier (a gather or scatter
+over a slab, a vectored write and one fsync on disk), and demotions triggered by one call move
+together. Memory tiers are written under the lock (a memcpy); a slow tier (disk) is written
+after the lock is released: its blocks are pinned meanwhile and read from the rows in hand, so
+no lookup, put or read ever waits on an fsync.
+
 Integrity: each block's xxh3-64 is kept beside it and checked on every read; a block that fails
-is dropped and counted, and the read is a miss. A block being read is pinned and never moved
-or freed under its reader. Out of space (every slot pinned) is a `False`, not an exception.
+is dropped and counted, and the read is a miss. A block being read or written is pinned and never
+moved or freed under its reader. Out of space (every slot pinned) is a `False`, not an exception.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import islice
+
+import numpy as np
 
 from kvstore.block_key import BlockKey
 from kvstore.store_events import BlockDropped, BlockPlaced, StoreEvent, StoreListener
@@ -34,6 +43,24 @@ class _Entry:
     handle: object
     checksum: int
     num_readers: int = 0
+    pending: np.ndarray | None = None  # its payload while a slow tier writes it (pinned meanwhile)
+
+
+@dataclass
+class _SlowWrite:
+    """Blocks placed in a slow tier under the lock, to be written once it is released."""
+
+    tier: int
+    entries: list[_Entry]
+    rows: np.ndarray
+
+
+@dataclass
+class _Work:
+    """What one call changed under the lock, handled after it is released."""
+
+    events: list[StoreEvent] = field(default_factory=list)
+    slow_writes: list[_SlowWrite] = field(default_factory=list)
 
 
 class TieredBlockStore:
@@ -116,64 +143,88 @@ class TieredBlockStore:
     # ---- writes ----
     def put(self, key: BlockKey, payload: Payload) -> bool:
         """Stores a block in the first tier (True), or keeps the copy it has; False when out of space."""
-        events: list[StoreEvent] = []
+        return self.put_many([key], _as_rows([payload], self.block_nbytes)) == 1
+
+    def put_many(self, keys: Sequence[BlockKey], rows: np.ndarray) -> int:
+        """Stores row i of `rows` ((n, block_nbytes) uint8) under keys[i] in the first tier, keeping
+        the copies it has. Returns how many leading keys it holds now: it stops at a hash collision
+        or when out of space (every slot pinned)."""
+        rows = _as_rows(rows, self.block_nbytes)
+        checksums = [block_checksum(row) for row in rows]
+        work = _Work()
         with self._lock:
-            entry = self._entries.get(key.block_hash)
-            if entry is not None:
-                if entry.key != key:
+            num_held, new = len(keys), []
+            for i, key in enumerate(keys):
+                entry = self._entries.get(key.block_hash)
+                if entry is None:
+                    new.append(i)
+                elif entry.key != key:
                     logger.error("hash collision on %s: keeping the stored block", key.block_hash.hex())
-                    return False
-                self._lru[entry.tier].move_to_end(key.block_hash)
-                return True
-            if not self._make_room(0, events):
-                return False
-            checksum = block_checksum(payload)
-            handle = self._tiers[0].write(key, payload, checksum)
-            self._entries[key.block_hash] = _Entry(key, 0, handle, checksum)
-            self._lru[0][key.block_hash] = None
-            events.append(BlockPlaced(key.block_hash, self._tiers[0].name, len(payload), checksum))
-        self._emit(events)
-        return True
+                    num_held = i
+                    break
+                else:
+                    self._lru[entry.tier].move_to_end(key.block_hash)
+            entries = [_Entry(keys[i], 0, None, checksums[i]) for i in new]
+            new_rows = rows[new[0]:new[-1] + 1] if new and new[-1] - new[0] + 1 == len(new) else rows[new]  # a view
+            num_admitted = self._admit(0, entries, new_rows, work)
+            if num_admitted < len(new):
+                num_held = min(num_held, new[num_admitted])
+        self._finish(work)
+        return num_held
 
     def read(self, key: BlockKey) -> tuple[memoryview, str] | None:
         """(payload, tier it came from), verified; None on a miss or a corrupt block. Promotes a hit."""
+        rows, tiers = self.read_prefix([key])
+        return (memoryview(rows[0]), tiers[0]) if tiers else None
+
+    def read_prefix(self, keys: Sequence[BlockKey], out: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+        """(rows, tiers) of the leading keys held and verified: row i is keys[i]'s payload, read
+        with one batched copy per tier into `out` (a reused (>= len(keys), block_nbytes) uint8
+        buffer saves faulting in fresh pages) or a new array; stops at the first miss or corrupt
+        block (dropped and counted). Promotes the hits to the first tier."""
         with self._lock:
-            entry = self._entries.get(key.block_hash)
-            if entry is None or entry.key != key:
-                return None
-            entry.num_readers += 1
-            tier = entry.tier
-        payload = self._read_unlocked(entry, tier)
-        events: list[StoreEvent] = []
+            entries = []
+            for key in keys:
+                entry = self._entries.get(key.block_hash)
+                if entry is None or entry.key != key:
+                    break
+                entry.num_readers += 1
+                entries.append(entry)
+            placed = [(entry.tier, entry.handle, entry.pending) for entry in entries]
+        rows = np.empty((len(entries), self.block_nbytes), dtype=np.uint8) if out is None else out[:len(entries)]
+        readable = self._read_into(placed, rows)
+        intact = [ok and block_checksum(row) == entry.checksum for ok, row, entry in zip(readable, rows, entries)]
+        num_good = intact.index(False) if False in intact else len(entries)
+        work = _Work()
         with self._lock:
-            entry.num_readers -= 1
-            tier_name = self._tiers[tier].name
-            if payload is None or block_checksum(payload) != entry.checksum:
-                self.corrupt[tier_name] += 1
-                logger.warning("block %s in %s failed its checksum: dropped", key.block_hash.hex(), tier_name)
-                self._drop(key.block_hash, events)
-                payload = None
-            else:
-                self.hits[tier_name] += 1
-                self._promote(entry, payload, events)
-        self._emit(events)
-        return None if payload is None else (payload, tier_name)
+            for entry in entries:
+                entry.num_readers -= 1
+            for entry, (tier, _, _), ok in zip(entries, placed, intact):
+                if not ok:
+                    self.corrupt[self._tiers[tier].name] += 1
+                    logger.warning("block %s in %s failed its checksum: dropped", entry.key.block_hash.hex(),
+                                   self._tiers[tier].name)
+                    if self._entries.get(entry.key.block_hash) is entry:
+                        self._drop(entry.key.block_hash, work.events)
+            tiers = [self._tiers[tier].name for tier, _, _ in placed[:num_good]]
+            self.hits.update(tiers)
+            self._promote(entries[:num_good], rows[:num_good], work)
+        self._finish(work)
+        return rows[:num_good], tiers
 
     def spill(self, to_tier: str) -> int:
         """Moves every unpinned block above `to_tier` down into it (operators: drain before a
         restart; tests: force blocks onto NVMe). Returns how many moved."""
         target = self.tier_names.index(to_tier)
-        events: list[StoreEvent] = []
+        work = _Work()
         num_moved = 0
         with self._lock:
             for tier in range(target - 1, -1, -1):
-                for block_hash in list(self._lru[tier]):
-                    entry = self._entries[block_hash]
-                    if entry.num_readers > 0 or not self._make_room(target, events):
-                        continue
-                    self._move(entry, target, events)
-                    num_moved += 1
-        self._emit(events)
+                movable = [self._entries[h] for h in self._lru[tier] if self._entries[h].num_readers == 0]
+                room = self._make_room(target, len(movable), work)
+                self._move(movable[:room], target, work)
+                num_moved += room
+        self._finish(work)
         return num_moved
 
     def clear(self) -> None:
@@ -184,70 +235,107 @@ class TieredBlockStore:
         self._emit(events)
 
     # ---- internals (lock held) ----
-    def _read_unlocked(self, entry: _Entry, tier: int) -> memoryview | None:
-        try:
-            return self._tiers[tier].read(entry.handle)
-        except (OSError, ValueError) as exc:
-            logger.warning("reading block %s from %s failed: %s", entry.key.block_hash.hex(),
-                           self._tiers[tier].name, exc)
-            return None
+    def _admit(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> int:
+        """Places new blocks as if put one by one: a batch larger than the tier puts its oldest
+        blocks straight into the tier below. Returns how many leading blocks were placed."""
+        overflow = len(entries) - self._tiers[tier].capacity_blocks if tier + 1 < len(self._tiers) else 0
+        num_below = self._admit(tier + 1, entries[:overflow], rows[:overflow], work) if overflow > 0 else 0
+        overflow = max(overflow, 0)
+        room = self._make_room(tier, len(entries) - overflow, work)
+        self._place(tier, entries[overflow:overflow + room], rows[overflow:overflow + room], work)
+        return num_below if num_below < overflow else overflow + room
 
-    def _make_room(self, tier: int, events: list[StoreEvent]) -> bool:
-        while self._tiers[tier].num_free <= 0:
-            victim = next((h for h in self._lru[tier] if self._entries[h].num_readers == 0), None)
-            if victim is None:
-                return False
-            entry = self._entries[victim]
-            if tier + 1 < len(self._tiers):
-                entry.num_readers += 1  # pinned while the tier below makes room (it may evict too)
-                has_room = self._make_room(tier + 1, events)
-                entry.num_readers -= 1
-                if has_room:
-                    self._move(entry, tier + 1, events)
-                    continue
-            self._drop(victim, events)
-            self.num_dropped += 1
-        return True
+    def _make_room(self, tier: int, num_needed: int, work: _Work) -> int:
+        """Frees slots in `tier` for up to `num_needed` blocks by moving its least recently used
+        unpinned blocks one tier down, together (dropping them from the last tier); returns how
+        many it has room for."""
+        shortfall = num_needed - self._tiers[tier].num_free
+        if shortfall > 0:
+            unpinned = (self._entries[h] for h in self._lru[tier] if self._entries[h].num_readers == 0)
+            victims = list(islice(unpinned, shortfall))
+            if victims and tier + 1 < len(self._tiers):
+                for victim in victims:
+                    victim.num_readers += 1  # pinned while the tier below makes room (it may evict too)
+                room = self._make_room(tier + 1, len(victims), work)
+                for victim in victims:
+                    victim.num_readers -= 1
+                self._move(victims[:room], tier + 1, work)
+                victims = victims[room:]
+            for victim in victims:
+                self._drop(victim.key.block_hash, work.events)
+                self.num_dropped += 1
+        return min(num_needed, self._tiers[tier].num_free)
 
-    def _move(self, entry: _Entry, to_tier: int, events: list[StoreEvent]) -> None:
-        payload = self._tiers[entry.tier].read(entry.handle)
-        self._relocate(entry, to_tier, payload, events)
+    def _move(self, entries: list[_Entry], to_tier: int, work: _Work) -> None:
+        """Moves blocks (room made) into `to_tier` with one read per source tier and one write."""
+        if not entries:
+            return
+        rows = np.empty((len(entries), self.block_nbytes), dtype=np.uint8)
+        readable = self._read_into([(e.tier, e.handle, e.pending) for e in entries], rows)
+        for entry in entries:
+            self._detach(entry)
+        moving = [i for i, ok in enumerate(readable) if ok]
+        for entry in (entries[i] for i, ok in enumerate(readable) if not ok):  # unreadable: nothing to move
+            self._entries.pop(entry.key.block_hash, None)
+            work.events.append(BlockDropped(entry.key.block_hash))
+        self._place(to_tier, [entries[i] for i in moving], rows[moving], work)
 
-    def _relocate(self, entry: _Entry, to_tier: int, payload: Payload, events: list[StoreEvent]) -> None:
-        block_hash = entry.key.block_hash
-        new_handle = self._tiers[to_tier].write(entry.key, payload, entry.checksum)
+    def _promote(self, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
+        """Moves verified hits to the first tier with one write. Their old slots are freed first
+        (the payloads are in hand), so the blocks they displace can move down into that room."""
+        movers = []
+        for entry, row in zip(entries, rows):
+            if self._entries.get(entry.key.block_hash) is not entry:
+                continue
+            if entry.tier == 0 or entry.num_readers > 0:
+                self._lru[entry.tier].move_to_end(entry.key.block_hash)
+            else:
+                movers.append((entry, row))
+        if not movers:
+            return
+        old_tiers = [entry.tier for entry, _ in movers]
+        for entry, _ in movers:
+            self._detach(entry)  # off every LRU list: never a victim while room is made
+        room = self._make_room(0, len(movers), work)
+        self._place(0, [entry for entry, _ in movers[:room]], np.stack([row for _, row in movers[:room]])
+                    if room else rows[:0], work)
+        for (entry, row), old_tier in zip(movers[room:], old_tiers[room:]):  # no room above: back where it was
+            if self._make_room(old_tier, 1, work):
+                self._place(old_tier, [entry], row[None], work)
+            else:
+                self._entries.pop(entry.key.block_hash, None)
+                work.events.append(BlockDropped(entry.key.block_hash))
+
+    def _place(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
+        """Puts blocks (room made) into `tier`: written now in memory, after the lock on disk."""
+        if not entries:
+            return
+        handles = self._tiers[tier].allocate(len(entries))
+        for entry, handle in zip(entries, handles):
+            entry.tier, entry.handle = tier, handle
+            self._entries[entry.key.block_hash] = entry
+            self._lru[tier][entry.key.block_hash] = None
+            work.events.append(BlockPlaced(entry.key.block_hash, self._tiers[tier].name, self.block_nbytes,
+                                           entry.checksum))
+        if self._tiers[tier].slow:
+            rows = np.array(rows, copy=True)  # the caller's rows may change before the write
+            for entry, row in zip(entries, rows):
+                entry.pending = row
+                entry.num_readers += 1
+            work.slow_writes.append(_SlowWrite(tier, entries, rows))
+        else:
+            self._tiers[tier].write_many(handles, [e.key for e in entries], rows, [e.checksum for e in entries])
+
+    def _detach(self, entry: _Entry) -> None:
+        """Frees the entry's slot and takes it off its LRU list (it stays in the map)."""
         self._tiers[entry.tier].free(entry.handle)
-        del self._lru[entry.tier][block_hash]
-        entry.tier, entry.handle = to_tier, new_handle
-        self._lru[to_tier][block_hash] = None
-        events.append(BlockPlaced(block_hash, self._tiers[to_tier].name, len(payload), entry.checksum))
-
-    def _promote(self, entry: _Entry, payload: memoryview, events: list[StoreEvent]) -> None:
-        """Moves a hit to the first tier. Its old slot is freed first (the payload is in hand), so
-        the blocks it displaces can move down into the room it leaves."""
-        block_hash = entry.key.block_hash
-        if self._entries.get(block_hash) is not entry:
-            return
-        if entry.tier == 0 or entry.num_readers > 0:
-            self._lru[entry.tier].move_to_end(block_hash)
-            return
-        old_tier = entry.tier
-        self._tiers[old_tier].free(entry.handle)
-        del self._lru[old_tier][block_hash]
-        # Detached from every LRU list, the entry cannot be picked as a victim while room is made.
-        # A failed _make_room moved nothing, so the slot just freed is still there to go back to.
-        to_tier = 0 if self._make_room(0, events) else old_tier
-        entry.tier, entry.handle = to_tier, self._tiers[to_tier].write(entry.key, payload, entry.checksum)
-        self._lru[to_tier][block_hash] = None
-        if to_tier != old_tier:
-            events.append(BlockPlaced(block_hash, self._tiers[to_tier].name, len(payload), entry.checksum))
+        del self._lru[entry.tier][entry.key.block_hash]
 
     def _drop(self, block_hash: bytes, events: list[StoreEvent]) -> None:
         entry = self._entries.pop(block_hash, None)
         if entry is None:
             return
-        self._tiers[entry.tier].free(entry.handle)
-        del self._lru[entry.tier][block_hash]
+        self._detach(entry)
         events.append(BlockDropped(block_hash))
 
     def _recover(self) -> None:
@@ -256,9 +344,68 @@ class TieredBlockStore:
                 self._entries[key.block_hash] = _Entry(key, index, handle, checksum)
                 self._lru[index][key.block_hash] = None
 
+    # ---- without the lock ----
+    def _read_into(self, placed: list[tuple[int, object, np.ndarray | None]], out: np.ndarray) -> list[bool]:
+        """Reads (tier, handle, pending row) i into out[i], one batched read per tier; False where
+        the medium failed."""
+        readable = [True] * len(placed)
+        by_tier: dict[int, list[int]] = {}
+        for i, (tier, _, pending) in enumerate(placed):
+            if pending is not None:
+                out[i] = pending
+            else:
+                by_tier.setdefault(tier, []).append(i)
+        for tier, positions in by_tier.items():
+            handles = [placed[i][1] for i in positions]
+            contiguous = positions[-1] - positions[0] + 1 == len(positions)
+            dest = out[positions[0]:positions[-1] + 1] if contiguous else np.empty((len(positions), self.block_nbytes),
+                                                                                    dtype=np.uint8)
+            try:
+                self._tiers[tier].read_many(handles, dest)
+            except (OSError, ValueError) as exc:
+                logger.warning("reading %d blocks from %s failed: %s", len(handles), self._tiers[tier].name, exc)
+                for i in positions:
+                    readable[i] = False
+                continue
+            if not contiguous:
+                out[positions] = dest
+        return readable
+
+    def _finish(self, work: _Work) -> None:
+        """Writes the slow tiers' batches, unpins them (dropping what failed to write), then tells
+        the listener."""
+        for batch in work.slow_writes:
+            entries = batch.entries
+            try:
+                self._tiers[batch.tier].write_many([e.handle for e in entries], [e.key for e in entries],
+                                                   batch.rows, [e.checksum for e in entries])
+                failed = False
+            except OSError as exc:
+                logger.warning("writing %d blocks to %s failed: %s; dropped", len(entries),
+                               self._tiers[batch.tier].name, exc)
+                failed = True
+            with self._lock:
+                for entry in entries:
+                    entry.pending = None
+                    entry.num_readers -= 1
+                    if failed and self._entries.get(entry.key.block_hash) is entry:
+                        self._drop(entry.key.block_hash, work.events)
+                        self.num_dropped += 1
+        self._emit(work.events)
+
     def _emit(self, events: list[StoreEvent]) -> None:
         if events and self._listener is not None:
             try:
                 self._listener.on_events(events)
             except Exception:  # noqa: BLE001 - the index is a cache; the store stays the truth
                 logger.warning("store listener failed", exc_info=True)
+
+
+def _as_rows(rows, block_nbytes: int) -> np.ndarray:
+    """A (n, block_nbytes) uint8 array over `rows` (an array, or a list of payloads)."""
+    if not isinstance(rows, np.ndarray):
+        rows = np.stack([np.frombuffer(p, dtype=np.uint8) for p in rows]) if rows else np.empty((0, block_nbytes),
+                                                                                                 dtype=np.uint8)
+    if rows.ndim != 2 or rows.shape[1] != block_nbytes or rows.dtype != np.uint8:
+        raise ValueError(f"payload rows of shape {rows.shape} and {rows.dtype}, blocks are {block_nbytes} bytes")
+    return rows

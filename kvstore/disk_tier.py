@@ -1,10 +1,18 @@
-"""NVMe tier: one file per block in a directory, written crash-safe and checksummed.
+"""NVMe tier: a log-structured slab. One preallocated file of equal slots holds the payloads; an
+append-only journal says what each slot holds.
 
-A file is `<hash hex>.blk`: a header (magic, version, hash, parent hash, token ids, payload
-size, payload xxh3-64, header xxh3-64) then the payload. It is written to a temporary name,
-fsynced, renamed, and the directory fsynced, so a crash leaves either the whole block or
-nothing under its final name. At start the directory is scanned: headers that verify become
-blocks again (their payloads are verified on every read), anything else is deleted.
+    slab.bin     capacity_blocks slots of block_nbytes: payloads only
+    journal.log  records: place(slot, block header) once the slot's payload is durable; free(slot)
+
+A batch of n blocks costs one vectored write per run of consecutive slots, one fdatasync of the
+slab, one append of n place records and one fdatasync of the journal (the commit record) — not
+a file, an fsync and a directory fsync per block. A crash before the journal's fdatasync leaves
+the batch's slots free. A slot is handed out again only after its free record was appended, and
+the journal is append-only, so its next place record can never be replayed before that free; a
+block whose bytes were overwritten while its free record did not reach the disk fails its
+checksum when read, like any corrupt block. At start the journal is replayed up to its first torn
+record and rewritten with just the live blocks; it is rewritten again whenever it grows to
+twice the live records.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +30,20 @@ import xxhash
 
 from kvstore.block_hash import HASH_NBYTES
 from kvstore.block_key import BlockKey
-from kvstore.tier import Payload
+from kvstore.tier import contiguous_runs
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"PDKV"
-VERSION = 1
+VERSION = 2
 _FIXED = struct.Struct(f"<4sH{HASH_NBYTES}s{HASH_NBYTES}sIQQ")  # magic, version, hash, parent, n tokens, size, sum
 _HEADER_SUM = struct.Struct("<Q")
-SUFFIX = ".blk"
-TMP_PREFIX = ".tmp-"
+_RECORD = struct.Struct("<4sBII")  # magic, kind, slot, body size; then the body and its record's xxh3-64
+_RECORD_MAGIC = b"PDKJ"
+_PLACE, _FREE = 1, 2
+SLAB_NAME = "slab.bin"
+JOURNAL_NAME = "journal.log"
+_COMPACT_MIN_BYTES = 1 << 20
 
 
 def encode_header(key: BlockKey, payload_nbytes: int, checksum: int) -> bytes:
@@ -44,7 +58,7 @@ def decode_header(head: bytes) -> tuple[BlockKey, int, int, int]:
         raise ValueError("truncated header")
     magic, version, block_hash, parent, num_tokens, nbytes, checksum = _FIXED.unpack_from(head)
     if magic != MAGIC or version != VERSION:
-        raise ValueError(f"not a pdmesh block file (magic {magic!r}, version {version})")
+        raise ValueError(f"not a pdmesh block header (magic {magic!r}, version {version})")
     body_end = _FIXED.size + 4 * num_tokens
     if len(head) < body_end + _HEADER_SUM.size:
         raise ValueError("truncated header")
@@ -55,8 +69,75 @@ def decode_header(head: bytes) -> tuple[BlockKey, int, int, int]:
     return BlockKey(block_hash, parent, token_ids), nbytes, checksum, body_end + _HEADER_SUM.size
 
 
+def _record(kind: int, slot: int, body: bytes = b"") -> bytes:
+    head = _RECORD.pack(_RECORD_MAGIC, kind, slot, len(body)) + body
+    return head + _HEADER_SUM.pack(xxhash.xxh3_64_intdigest(head))
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    key: BlockKey
+    checksum: int
+    record: bytes  # its place record, as written (to rewrite the journal)
+
+
+def replay_journal(path: Path, block_nbytes: int, capacity_blocks: int) -> dict[int, JournalEntry]:
+    """slot -> what it holds, oldest placement first, from the journal's records up to the first
+    torn or foreign one. A key placed twice keeps its later slot."""
+    data = path.read_bytes() if path.exists() else b""
+    slots: dict[int, JournalEntry] = {}
+    position = 0
+    while position < len(data):
+        parsed = _parse_record(data, position)
+        if parsed is None:
+            logger.warning("%s: torn or foreign record at byte %d of %d: ignoring the rest", path, position, len(data))
+            break
+        kind, slot, body, position = parsed
+        slots.pop(slot, None)
+        if kind == _PLACE and slot < capacity_blocks:
+            key, nbytes, checksum, _ = decode_header(body)
+            if nbytes == block_nbytes:
+                slots[slot] = JournalEntry(key, checksum, data[position - len(body) - _RECORD.size - 8:position])
+    slot_of: dict[bytes, int] = {}
+    for slot, entry in list(slots.items()):
+        older = slot_of.get(entry.key.block_hash)
+        if older is not None:
+            del slots[older]
+        slot_of[entry.key.block_hash] = slot
+    return slots
+
+
+def _parse_record(data: bytes, position: int) -> tuple[int, int, bytes, int] | None:
+    if position + _RECORD.size > len(data):
+        return None
+    magic, kind, slot, body_nbytes = _RECORD.unpack_from(data, position)
+    end = position + _RECORD.size + body_nbytes
+    if magic != _RECORD_MAGIC or kind not in (_PLACE, _FREE) or end + _HEADER_SUM.size > len(data):
+        return None
+    (record_sum,) = _HEADER_SUM.unpack_from(data, end)
+    if xxhash.xxh3_64_intdigest(data[position:end]) != record_sum:
+        return None
+    body = data[position + _RECORD.size:end]
+    if kind == _PLACE:
+        try:
+            decode_header(body)
+        except ValueError:
+            return None
+    return kind, slot, body, end + _HEADER_SUM.size
+
+
+def find_block(directory: str | Path, block_hash: bytes, block_nbytes: int) -> tuple[Path, int] | None:
+    """(slab file, byte offset) of a block's payload on disk, from the journal (operators, tests)."""
+    directory = Path(directory)
+    for slot, entry in replay_journal(directory / JOURNAL_NAME, block_nbytes, 1 << 62).items():
+        if entry.key.block_hash == block_hash:
+            return directory / SLAB_NAME, slot * block_nbytes
+    return None
+
+
 class DiskTier:
     name = "nvme"
+    slow = True
 
     def __init__(self, directory: str | Path, capacity_bytes: int, block_nbytes: int, fsync: bool = True) -> None:
         self.directory = Path(directory)
@@ -64,71 +145,92 @@ class DiskTier:
         self.capacity_blocks = capacity_bytes // block_nbytes
         self._block_nbytes = block_nbytes
         self._fsync = fsync
-        self._num_used = 0
+        self._journal_path = self.directory / JOURNAL_NAME
+        self._journal_lock = threading.Lock()
+        self._remove_debris()
+        self._live = replay_journal(self._journal_path, block_nbytes, self.capacity_blocks)
+        self._recovered = list(self._live.items())
+        self._slab_fd = os.open(self.directory / SLAB_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        os.ftruncate(self._slab_fd, self.capacity_blocks * block_nbytes)
+        self._journal_fd = -1
+        self._rewrite_journal()
+        self._free_slots = [s for s in range(self.capacity_blocks - 1, -1, -1) if s not in self._live]
 
     @property
     def num_free(self) -> int:
-        return self.capacity_blocks - self._num_used
+        return len(self._free_slots)
 
-    def path_of(self, block_hash: bytes) -> Path:
-        return self.directory / f"{block_hash.hex()}{SUFFIX}"
+    def allocate(self, num_blocks: int) -> list[int]:
+        if num_blocks > len(self._free_slots):
+            raise ValueError(f"nvme: {num_blocks} slots asked, {len(self._free_slots)} free")
+        return [self._free_slots.pop() for _ in range(num_blocks)]
 
-    def write(self, key: BlockKey, payload: Payload, checksum: int) -> Path:
-        final = self.path_of(key.block_hash)
-        tmp = self.directory / f"{TMP_PREFIX}{final.name}"
+    def write_many(self, handles: Sequence[int], keys: Sequence[BlockKey], rows: np.ndarray,
+                   checksums: Sequence[int]) -> None:
+        if rows.shape != (len(handles), self._block_nbytes):
+            raise ValueError(f"nvme: rows of shape {rows.shape}, slots hold {self._block_nbytes} bytes")
+        for start, slot, count in contiguous_runs(handles):
+            _pwrite_all(self._slab_fd, memoryview(rows[start:start + count]).cast("B"), slot * self._block_nbytes)
+        if self._fsync:
+            os.fdatasync(self._slab_fd)
+        records = {slot: _record(_PLACE, slot, encode_header(key, self._block_nbytes, checksum))
+                   for slot, key, checksum in zip(handles, keys, checksums)}
+        with self._journal_lock:
+            _write_all(self._journal_fd, b"".join(records.values()))
+            if self._fsync:
+                os.fdatasync(self._journal_fd)
+            for (slot, record), key, checksum in zip(records.items(), keys, checksums):
+                self._live[slot] = JournalEntry(key, checksum, record)
+            self._compact_if_grown()
+
+    def read_many(self, handles: Sequence[int], out: np.ndarray) -> None:
+        for start, slot, count in contiguous_runs(handles):
+            nbytes = os.preadv(self._slab_fd, [out[start:start + count]], slot * self._block_nbytes)
+            if nbytes != count * self._block_nbytes:
+                raise ValueError(f"nvme: short read of slots {slot}..{slot + count - 1} ({nbytes} bytes)")
+
+    def free(self, handle: int) -> None:
+        with self._journal_lock:
+            self._live.pop(handle, None)
+            _write_all(self._journal_fd, _record(_FREE, handle))  # durable with the next commit
+        self._free_slots.append(handle)
+
+    def recovered(self) -> Iterator[tuple[BlockKey, int, int]]:
+        """Blocks the journal says survived an earlier run, oldest placement first (once)."""
+        recovered, self._recovered = self._recovered, []
+        for slot, entry in recovered:
+            yield entry.key, slot, entry.checksum
+
+    def close(self) -> None:
+        for fd in (self._slab_fd, self._journal_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._slab_fd = self._journal_fd = -1
+
+    # ---- journal upkeep ----
+    def _compact_if_grown(self) -> None:
+        live_nbytes = sum(len(entry.record) for entry in self._live.values())
+        if os.fstat(self._journal_fd).st_size > 2 * live_nbytes + _COMPACT_MIN_BYTES:
+            self._rewrite_journal()
+
+    def _rewrite_journal(self) -> None:
+        """Replaces the journal by the live blocks' place records (tmp, fsync, rename, dir fsync)."""
+        tmp = self.directory / f".tmp-{JOURNAL_NAME}"
         with open(tmp, "wb") as file:
-            file.write(encode_header(key, len(payload), checksum))
-            file.write(payload)
+            file.write(b"".join(entry.record for entry in self._live.values()))
             if self._fsync:
                 file.flush()
                 os.fsync(file.fileno())
-        os.replace(tmp, final)
+        os.replace(tmp, self._journal_path)
         self._sync_directory()
-        self._num_used += 1
-        return final
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+        self._journal_fd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND)
 
-    def read(self, handle: Path) -> memoryview:
-        with open(handle, "rb") as file:
-            data = bytearray(os.fstat(file.fileno()).st_size)  # writable: it lands in torch tensors
-            file.readinto(data)
-        _, nbytes, _, header_nbytes = decode_header(data)
-        payload = memoryview(data)[header_nbytes:]
-        if payload.nbytes != nbytes:
-            raise ValueError(f"{handle.name}: payload {payload.nbytes} bytes, header says {nbytes}")
-        return payload
-
-    def free(self, handle: Path) -> None:
-        handle.unlink(missing_ok=True)
-        self._num_used -= 1
-
-    def recovered(self) -> Iterator[tuple[BlockKey, Path, int]]:
-        """Verified headers of the blocks left by an earlier run, oldest first; deletes the rest."""
-        for tmp in self.directory.glob(f"{TMP_PREFIX}*"):
-            tmp.unlink(missing_ok=True)
-        files = sorted(self.directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime_ns)
-        for path in files:
-            found = self._recover(path)
-            if found is None:
+    def _remove_debris(self) -> None:
+        for path in self.directory.iterdir():
+            if path.name.startswith(".tmp-") or path.suffix == ".blk":  # a crashed rewrite; v1's file per block
                 path.unlink(missing_ok=True)
-                continue
-            if self._num_used >= self.capacity_blocks:
-                path.unlink(missing_ok=True)
-                continue
-            self._num_used += 1
-            yield found
-
-    def _recover(self, path: Path) -> tuple[BlockKey, Path, int] | None:
-        try:
-            with open(path, "rb") as file:
-                head = file.read(_FIXED.size + 4 * 65536 + _HEADER_SUM.size)
-            key, nbytes, checksum, _ = decode_header(head)
-        except (OSError, ValueError) as exc:
-            logger.warning("dropping unreadable block file %s: %s", path.name, exc)
-            return None
-        if nbytes != self._block_nbytes or path.name != f"{key.block_hash.hex()}{SUFFIX}":
-            logger.warning("dropping block file %s: size %d or name does not match", path.name, nbytes)
-            return None
-        return key, path, checksum
 
     def _sync_directory(self) -> None:
         if not self._fsync:
@@ -138,3 +240,15 @@ class DiskTier:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -16,6 +16,7 @@ from pdmesh.telemetry.tracing import tracer
 from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_block_chunks
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc
 
+FETCH_BATCH_BLOCKS = 16  # blocks read from the store per batch (one copy per tier)
 SERVICE_NAME = kv_store_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
 
 
@@ -44,14 +45,16 @@ class KVStoreServicer(kv_store_pb2_grpc.KVStoreServicer):
             num_bytes = 0
             try:
                 check_compatible(self._compat, request.compat)
-                for index, ref in enumerate(request.blocks):
-                    found = self._store.read(key_of(ref))
-                    if found is None:
-                        raise TransferNotFound(f"block {ref.block_hash.hex()} is not held here")
-                    payload, tier = found
-                    span.add_event("block", {"pdmesh.kvstore.tier": tier})
-                    yield from iter_block_chunks(index, payload, ref.block_hash, self._chunk_nbytes)
-                    num_bytes += payload.nbytes
+                keys = [key_of(ref) for ref in request.blocks]
+                for start in range(0, len(keys), FETCH_BATCH_BLOCKS):
+                    batch = keys[start:start + FETCH_BATCH_BLOCKS]
+                    rows, tiers = self._store.read_prefix(batch)
+                    for index, (key, row, tier) in enumerate(zip(batch, rows, tiers), start):
+                        span.add_event("block", {"pdmesh.kvstore.tier": tier})
+                        yield from iter_block_chunks(index, row, key.block_hash, self._chunk_nbytes)
+                        num_bytes += row.nbytes
+                    if len(tiers) < len(batch):
+                        raise TransferNotFound(f"block {batch[len(tiers)].block_hash.hex()} is not held here")
             except PDMeshError as exc:
                 span.record_exception(exc)
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))

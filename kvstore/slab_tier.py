@@ -2,17 +2,17 @@
 
 `host_tier` is the DDR tier (a NumPy slab; pinned through torch where a CUDA/NPU device can
 DMA from it); `device_tier` is the accelerator tier (a torch buffer on the engine's device;
-on the CPU target that is host memory again, kept apart from the DDR tier's budget).
+on the CPU target that is host memory again, kept apart from the DDR tier's budget). A batch is
+one gather or scatter over the slab (a single C-level copy), never a copy per block in Python.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from kvstore.block_key import BlockKey
-from kvstore.tier import Payload
 
 
 class _NumpySlab:
@@ -24,11 +24,11 @@ class _NumpySlab:
         else:
             self._array = np.empty((num_slots, block_nbytes), dtype=np.uint8)
 
-    def write(self, slot: int, payload: Payload) -> None:
-        self._array[slot] = np.frombuffer(payload, dtype=np.uint8)
+    def write(self, slots: list[int], rows: np.ndarray) -> None:
+        self._array[slots] = rows
 
-    def read(self, slot: int) -> memoryview:
-        return memoryview(self._array[slot].copy())
+    def read(self, slots: list[int], out: np.ndarray) -> None:
+        np.take(self._array, slots, axis=0, out=out, mode="clip")  # "raise" buffers `out`
 
 
 class _TorchSlab:
@@ -38,14 +38,18 @@ class _TorchSlab:
         self._torch = torch
         self._tensor = torch.empty((num_slots, block_nbytes), dtype=torch.uint8, device=device)
 
-    def write(self, slot: int, payload: Payload) -> None:
-        self._tensor[slot].copy_(self._torch.frombuffer(bytearray(payload), dtype=self._torch.uint8))
+    def write(self, slots: list[int], rows: np.ndarray) -> None:
+        index = self._torch.tensor(slots, dtype=self._torch.long, device=self._tensor.device)
+        self._tensor.index_copy_(0, index, self._torch.from_numpy(rows).to(self._tensor.device))
 
-    def read(self, slot: int) -> memoryview:
-        return memoryview(self._tensor[slot].cpu().numpy().copy())
+    def read(self, slots: list[int], out: np.ndarray) -> None:
+        index = self._torch.tensor(slots, dtype=self._torch.long, device=self._tensor.device)
+        self._torch.from_numpy(out).copy_(self._tensor.index_select(0, index).cpu())
 
 
 class SlabTier:
+    slow = False
+
     def __init__(self, name: str, capacity_bytes: int, block_nbytes: int, slab_factory) -> None:
         self.name = name
         self.capacity_blocks = capacity_bytes // block_nbytes
@@ -57,15 +61,19 @@ class SlabTier:
     def num_free(self) -> int:
         return len(self._free_slots)
 
-    def write(self, key: BlockKey, payload: Payload, checksum: int) -> int:
-        if len(payload) != self._block_nbytes:
-            raise ValueError(f"payload of {len(payload)} bytes, slots hold {self._block_nbytes}")
-        slot = self._free_slots.pop()
-        self._slab.write(slot, payload)
-        return slot
+    def allocate(self, num_blocks: int) -> list[int]:
+        if num_blocks > len(self._free_slots):
+            raise ValueError(f"{self.name}: {num_blocks} slots asked, {len(self._free_slots)} free")
+        return [self._free_slots.pop() for _ in range(num_blocks)]
 
-    def read(self, handle: int) -> memoryview:
-        return self._slab.read(handle)
+    def write_many(self, handles: Sequence[int], keys: Sequence[BlockKey], rows: np.ndarray,
+                   checksums: Sequence[int]) -> None:
+        if rows.shape != (len(handles), self._block_nbytes):
+            raise ValueError(f"{self.name}: rows of shape {rows.shape}, slots hold {self._block_nbytes} bytes")
+        self._slab.write(list(handles), rows)
+
+    def read_many(self, handles: Sequence[int], out: np.ndarray) -> None:
+        self._slab.read(list(handles), out)
 
     def free(self, handle: int) -> None:
         self._free_slots.append(handle)

@@ -1,9 +1,15 @@
-"""What one storage tier of the block store does; the store decides what goes where."""
+"""What one storage tier of the block store does; the store decides what goes where.
+
+Tiers move blocks in batches: `write_many` / `read_many` take a (n, block_nbytes) uint8 array,
+so n blocks cost one large copy (or one vectored write and one fsync), not n small ones.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
+
+import numpy as np
 
 from kvstore.block_key import BlockKey
 
@@ -11,24 +17,41 @@ Payload = bytes | bytearray | memoryview
 
 
 class BlockTier(Protocol):
-    """Fixed-size slots for block payloads. Not thread-safe: the store serializes writes and
-    frees, and never frees a slot while a reader holds it."""
+    """Fixed-size slots for block payloads. `allocate` and `free` are called under the store's
+    lock; `write_many` and `read_many` may run outside it, concurrently, on distinct slots (the
+    store never frees a slot while it is being written or read)."""
 
     name: str
     capacity_blocks: int
+    slow: bool  # the store writes this tier outside its lock (disk), not inside (memory)
 
     @property
     def num_free(self) -> int:
         ...
 
-    def write(self, key: BlockKey, payload: Payload, checksum: int) -> object:
-        """Stores the payload in a free slot (the caller made sure there is one); returns its handle."""
+    def allocate(self, num_blocks: int) -> list[object]:
+        """Handles of `num_blocks` free slots (the caller made sure there are that many)."""
 
-    def read(self, handle: object) -> memoryview:
-        """A copy of the payload (may be corrupt: the store verifies the checksum)."""
+    def write_many(self, handles: Sequence[object], keys: Sequence[BlockKey], rows: np.ndarray,
+                   checksums: Sequence[int]) -> None:
+        """Row i of `rows` into handles[i]; durable (where the tier is) when it returns."""
+
+    def read_many(self, handles: Sequence[object], out: np.ndarray) -> None:
+        """Payload of handles[i] into out[i] (may be corrupt: the store verifies the checksum);
+        OSError / ValueError when the medium fails."""
 
     def free(self, handle: object) -> None:
         ...
 
     def recovered(self) -> Iterator[tuple[BlockKey, object, int]]:
         """Blocks that survived a restart, as (key, handle, checksum): only persistent tiers have any."""
+
+
+def contiguous_runs(handles: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """(first position, first handle, length) of each run of consecutive integer handles, so a
+    batch costs one copy or one vectored I/O call per run."""
+    start = 0
+    for i in range(1, len(handles) + 1):
+        if i == len(handles) or handles[i] != handles[i - 1] + 1:
+            yield start, handles[start], i - start
+            start = i

@@ -69,15 +69,29 @@ class PagedKVCache:
         return out
 
     def write_block(self, block_id: int, payload: bytes | bytearray | memoryview) -> None:
-        self._check(block_id)
         if len(payload) != self.block_nbytes:
             raise InvalidRequest(f"block payload {len(payload)} bytes, expected {self.block_nbytes}")
-        flat = torch.frombuffer(payload, dtype=torch.uint8)
+        self.write_blocks([block_id], torch.frombuffer(payload, dtype=torch.uint8).view(1, -1))
+
+    def write_blocks(self, block_ids: list[int], rows: torch.Tensor) -> None:
+        """The inverse of read_blocks: row i of `rows` ((n, block_nbytes) uint8) into block_ids[i],
+        one scatter per layer."""
+        for block_id in block_ids:
+            self._check(block_id)
+        if tuple(rows.shape) != (len(block_ids), self.block_nbytes):
+            raise InvalidRequest(f"block rows of shape {tuple(rows.shape)}, expected ({len(block_ids)}, "
+                                 f"{self.block_nbytes})")
+        if not block_ids:
+            return
         offset = 0
         for layer in self._layers:
-            dest = layer.tensor.select(layer.block_dim, block_id)
-            src = flat[offset:offset + layer.block_nbytes].view(layer.tensor.dtype).view(dest.shape)
-            dest.copy_(src)
+            index = torch.tensor(block_ids, dtype=torch.long, device=layer.tensor.device)
+            block_shape = layer.tensor.select(layer.block_dim, 0).shape
+            src = rows[:, offset:offset + layer.block_nbytes].contiguous().view(layer.tensor.dtype)
+            src = src.view(len(block_ids), *block_shape).to(layer.tensor.device)
+            if layer.block_dim != 0:
+                src = src.movedim(0, layer.block_dim)
+            layer.tensor.index_copy_(layer.block_dim, index, src)
             offset += layer.block_nbytes
 
     def _check(self, block_id: int) -> None:

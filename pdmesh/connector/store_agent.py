@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from kvstore.block_key import BlockKey, block_keys
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
@@ -29,6 +32,7 @@ from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
 
 logger = logging.getLogger(__name__)
 REMOTE = "remote"  # tier label of blocks fetched from another node's store
+LOAD_BATCH_BLOCKS = 16  # blocks read from the store per batch: one copy per tier, budget checked between
 
 
 class LoadBudgetExceeded(Exception):
@@ -72,6 +76,7 @@ class StoreAgent:
         self.servicer = KVStoreServicer(compat, self.store, self.index)
         self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s)
         self._lock = threading.Lock()
+        self._buffers = threading.local()
         self._totals: Counter[str] = Counter()
         logger.info("KV store tiers: %s", ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers))
 
@@ -96,21 +101,18 @@ class StoreAgent:
         return [(key, block_id) for key, block_id in zip(keys, send.block_ids) if not self.store.has(key)]
 
     def put_rows(self, keys: list[BlockKey], rows) -> int:
-        """Puts row i of `rows` (a (n, block_nbytes) uint8 tensor) under keys[i]; returns how many."""
-        num_saved = 0
-        payloads = rows.numpy()
-        for key, payload in zip(keys, payloads):
-            if not self.store.put(key, memoryview(payload)):
-                break  # out of space (every slot pinned): the rest is not saved
-            num_saved += 1
+        """Puts row i of `rows` (a (n, block_nbytes) uint8 tensor) under keys[i], as one batch;
+        returns how many leading blocks the store holds (out of space: the rest is not saved)."""
+        num_saved = self.store.put_many(keys, rows.numpy())
         with self._lock:
             self._totals["blocks_saved"] += num_saved
         return num_saved
 
     # ---- load ----
-    def load(self, task: StoreLoadTask, write_block, budget_s: float = float("inf")) -> StoreLoadStats:
-        """Loads the task's blocks in order; stops at the first that fails, or once loading has taken
-        `budget_s` (what computing the blocks would cost): the rest is computed."""
+    def load(self, task: StoreLoadTask, write_blocks, budget_s: float = float("inf")) -> StoreLoadStats:
+        """Loads the task's blocks in order through `write_blocks(local_block_ids, rows)`; stops at
+        the first that fails, or once loading has taken `budget_s` (what computing the blocks
+        would cost): the rest is computed."""
         started = time.perf_counter()
         keys = block_keys(self._seed, task.token_ids, self._block_size, task.extra_key)
         planned = list(zip(task.block_indexes, task.local_block_ids, task.nodes))
@@ -119,7 +121,7 @@ class StoreAgent:
         try:
             for node, run in groupby(planned, key=lambda item: item[2]):
                 run = list(run)
-                self._load_run(node, [(keys[i], local_id) for i, local_id, _ in run], write_block, stats,
+                self._load_run(node, [(keys[i], local_id) for i, local_id, _ in run], write_blocks, stats,
                                deadline)
         except LoadBudgetExceeded:
             stats.cut = True
@@ -133,28 +135,41 @@ class StoreAgent:
         self._record(stats)
         return stats
 
-    def _load_run(self, node: str, run: list[tuple[BlockKey, int]], write_block, stats: StoreLoadStats,
+    def _load_run(self, node: str, run: list[tuple[BlockKey, int]], write_blocks, stats: StoreLoadStats,
                   deadline: float) -> None:
         if node == "":
-            for key, local_id in run:
-                found = self.store.read(key)
-                if found is None:
-                    raise TransferNotFound(f"block {key.block_hash.hex()} left the store or was corrupt")
-                payload, tier = found
-                write_block(local_id, payload)
-                self._count(stats, tier, payload, deadline)
+            for start in range(0, len(run), LOAD_BATCH_BLOCKS):
+                batch = run[start:start + LOAD_BATCH_BLOCKS]
+                rows, tiers = self.store.read_prefix([key for key, _ in batch], self._load_buffer())
+                write_blocks([local_id for _, local_id in batch[:len(tiers)]], torch.from_numpy(rows))
+                for tier in tiers:
+                    self._count(stats, tier, rows.shape[1])
+                if len(tiers) < len(batch):
+                    raise TransferNotFound(f"block {batch[len(tiers)][0].block_hash.hex()} left the store or was corrupt")
+                self._check_budget(deadline)
             return
         for block in self._client.fetch(node, [key for key, _ in run]):
             key, local_id = run[block.block_index]
             if block.block_hash != key.block_hash:
                 raise BlockHashMismatch(f"{node} sent block {block.block_hash.hex()} for {key.block_hash.hex()}")
-            write_block(local_id, block.payload)
-            self._count(stats, REMOTE, block.payload, deadline)
+            write_blocks([local_id], torch.frombuffer(block.payload, dtype=torch.uint8).view(1, -1))
+            self._count(stats, REMOTE, len(block.payload))
+            self._check_budget(deadline)
 
-    def _count(self, stats: StoreLoadStats, tier: str, payload, deadline: float) -> None:
+    def _load_buffer(self) -> np.ndarray:
+        """This thread's reused batch buffer (fresh pages would cost a fault each, every load)."""
+        buffer = getattr(self._buffers, "rows", None)
+        if buffer is None:
+            buffer = self._buffers.rows = np.empty((LOAD_BATCH_BLOCKS, self.store.block_nbytes), dtype=np.uint8)
+        return buffer
+
+    def _count(self, stats: StoreLoadStats, tier: str, nbytes: int) -> None:
         stats.tokens_by_tier[tier] = stats.tokens_by_tier.get(tier, 0) + self._block_size
         stats.num_blocks += 1
-        stats.num_bytes += len(payload)
+        stats.num_bytes += nbytes
+
+    @staticmethod
+    def _check_budget(deadline: float) -> None:
         if time.perf_counter() > deadline:
             raise LoadBudgetExceeded
 

@@ -164,7 +164,7 @@ class ConnectorWorker:
                 settings = self._store_settings
                 budget_s = max(settings.load_budget_min_s, settings.load_budget_factor * self.compute_rate.seconds_for(
                     len(task.block_indexes) * self._block_size))
-                stats = self.store.load(task, self._paged.write_block, budget_s)
+                stats = self.store.load(task, self._paged.write_blocks, budget_s)
                 span.set_attributes({"pdmesh.kvstore.budget_s": budget_s, "pdmesh.kvstore.cut": stats.cut,
                     **{f"pdmesh.kvstore.tokens.{tier}": n for tier, n in stats.tokens_by_tier.items()},
                     "pdmesh.kvstore.blocks": stats.num_blocks, "pdmesh.kvstore.failed_blocks": stats.num_failed_blocks,

@@ -15,10 +15,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.block_key import block_keys
+from kvstore.disk_tier import find_block
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
 from pdmesh.compat import fingerprint_seed
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.kvstore.factories import flip_bit
 from tests.e2e.conftest import (HOLD_TIMEOUT_S, STORE_PREFIX_TOKENS, STORE_SCENARIOS, STORE_SUFFIX_TOKENS,
                                 in_process_gateway, store_prompt_pair, telemetry_flags, worker_stats)
 
@@ -167,10 +169,9 @@ async def test_a_bit_flipped_on_nvme_is_detected_counted_and_recomputed(store_cl
         async with grpc.aio.insecure_channel(address) as channel:
             info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest())
         keys = block_keys(fingerprint_seed(info.compat), store_prompt_pair("corrupt_nvme")[0], BLOCK_SIZE)
-        path = store_cluster.store_dir / "prefill-0" / f"{keys[corrupt_block].block_hash.hex()}.blk"
-        data = bytearray(path.read_bytes())
-        data[-1000] ^= 0x04
-        path.write_bytes(bytes(data))
+        path, offset = find_block(store_cluster.store_dir / "prefill-0", keys[corrupt_block].block_hash,
+                                  info.compat.block_nbytes)
+        flip_bit(path, offset + 1000, 0x04)
 
     transfer = await _first_then_second(store_cluster, tiny_llama_dir, reference, "corrupt_nvme", 0, 0,
                                         between=flip_a_bit)

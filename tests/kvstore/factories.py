@@ -26,3 +26,12 @@ def three_tier_store(disk_dir, device_blocks=2, dram_blocks=2, nvme_blocks=2, li
                              host_tier(dram_blocks * BLOCK_NBYTES, BLOCK_NBYTES),
                              DiskTier(disk_dir, nvme_blocks * BLOCK_NBYTES, BLOCK_NBYTES)],
                             BLOCK_NBYTES, listener)
+
+
+def flip_bit(path, offset: int, mask: int = 0x10) -> None:
+    """Corrupts one byte of a file in place (a bit rotted on disk)."""
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)[0]
+        file.seek(offset)
+        file.write(bytes([byte ^ mask]))

@@ -1,7 +1,19 @@
+import numpy as np
 import pytest
 
-from kvstore.disk_tier import DiskTier, decode_header, encode_header
+import kvstore.disk_tier as disk_tier
+from kvstore.disk_tier import JOURNAL_NAME, DiskTier, decode_header, encode_header
 from tests.kvstore.factories import BLOCK_NBYTES, keys, payload
+
+
+def _rows(first, count):
+    return np.stack([np.frombuffer(payload(i), dtype=np.uint8) for i in range(first, first + count)])
+
+
+def _read(tier, handles):
+    out = np.empty((len(handles), BLOCK_NBYTES), dtype=np.uint8)
+    tier.read_many(handles, out)
+    return [bytes(row) for row in out]
 
 
 def test_header_round_trips_and_a_flipped_bit_fails():
@@ -14,23 +26,53 @@ def test_header_round_trips_and_a_flipped_bit_fails():
         decode_header(bytes(broken))
 
 
-def test_blocks_survive_a_restart_and_debris_is_removed(tmp_path):
+def test_a_batch_lands_in_one_slab_and_survives_a_restart_with_frees_and_a_torn_tail(tmp_path):
+    tier = DiskTier(tmp_path, 6 * BLOCK_NBYTES, BLOCK_NBYTES)
+    k = keys(4)
+    slots = tier.allocate(4)
+    tier.write_many(slots, k, _rows(0, 4), [100, 101, 102, 103])
+    assert (slots, tier.num_free) == ([0, 1, 2, 3], 2)
+    assert _read(tier, [2, 0, 1]) == [payload(2), payload(0), payload(1)]
+    tier.free(1)
+    tier.close()
+    with open(tmp_path / JOURNAL_NAME, "ab") as journal:
+        journal.write(b"PDKJ\x01\x05\x00")  # a crash mid-append
+    (tmp_path / ".tmp-journal.log").write_bytes(b"half")  # a crash mid-rewrite
+    (tmp_path / f"{'00' * 16}.blk").write_bytes(b"PDKV")  # the old one-file-per-block layout
+    reopened = DiskTier(tmp_path, 6 * BLOCK_NBYTES, BLOCK_NBYTES)
+    found = list(reopened.recovered())
+    assert [(key, slot, checksum) for key, slot, checksum in found] == [(k[0], 0, 100), (k[2], 2, 102),
+                                                                        (k[3], 3, 103)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [JOURNAL_NAME, "slab.bin"]
+    assert reopened.num_free == 3 and reopened.allocate(1) == [1]
+    assert _read(reopened, [3]) == [payload(3)]
+
+
+def test_a_batch_whose_commit_record_never_landed_is_not_recovered(tmp_path):
     tier = DiskTier(tmp_path, 4 * BLOCK_NBYTES, BLOCK_NBYTES)
     k = keys(3)
-    paths = [tier.write(key, payload(i), 100 + i) for i, key in enumerate(k)]
-    assert tier.num_free == 1
-    assert bytes(tier.read(paths[1])) == payload(1)
-    (tmp_path / ".tmp-half-written.blk").write_bytes(b"PDKV")   # a crash between write and rename
-    (tmp_path / f"{'00' * 16}.blk").write_bytes(b"garbage")      # a torn or foreign file
+    tier.write_many(tier.allocate(1), k[:1], _rows(0, 1), [7])
+    committed = (tmp_path / JOURNAL_NAME).stat().st_size
+    tier.write_many(tier.allocate(2), k[1:], _rows(1, 2), [8, 9])  # payloads written, then "power lost"
+    tier.close()
+    with open(tmp_path / JOURNAL_NAME, "r+b") as journal:
+        journal.truncate(committed)
     reopened = DiskTier(tmp_path, 4 * BLOCK_NBYTES, BLOCK_NBYTES)
-    found = list(reopened.recovered())
-    assert [(key, checksum) for key, _, checksum in found] == [(k[0], 100), (k[1], 101), (k[2], 102)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
-    assert reopened.num_free == 1
+    assert [(key, slot) for key, slot, _ in reopened.recovered()] == [(k[0], 0)]
+    assert reopened.num_free == 3
 
 
-def test_free_deletes_the_file(tmp_path):
+def test_the_journal_is_rewritten_when_it_grows_and_still_replays(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_tier, "_COMPACT_MIN_BYTES", 0)
     tier = DiskTier(tmp_path, 2 * BLOCK_NBYTES, BLOCK_NBYTES)
-    path = tier.write(keys(1)[0], payload(0), 1)
-    tier.free(path)
-    assert (list(tmp_path.iterdir()), tier.num_free) == ([], 2)
+    k = keys(50)
+    for i, key in enumerate(k):
+        slot = tier.allocate(1)
+        tier.write_many(slot, [key], _rows(i, 1), [i])
+        if i < len(k) - 1:
+            tier.free(slot[0])
+    size = (tmp_path / JOURNAL_NAME).stat().st_size
+    assert size < 3 * len(disk_tier._record(1, 0, encode_header(k[0], BLOCK_NBYTES, 0)))
+    tier.close()
+    reopened = DiskTier(tmp_path, 2 * BLOCK_NBYTES, BLOCK_NBYTES)
+    assert [(key, checksum) for key, _, checksum in reopened.recovered()] == [(k[-1], 49)]

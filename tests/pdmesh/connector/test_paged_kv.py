@@ -55,3 +55,18 @@ def test_batched_read_equals_block_by_block_reads(split_kv):
     assert cache.read_blocks([]).shape == (0, cache.block_nbytes)
     with pytest.raises(InvalidRequest, match=r"block id 6 outside"):
         cache.read_blocks([1, 6])
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_batched_write_scatters_rows_into_their_blocks_only(split_kv):
+    src, dst = _caches(split_kv), {k: torch.zeros_like(v) for k, v in _caches(split_kv).items()}
+    src_cache, dst_cache = PagedKVCache(src, NUM_BLOCKS), PagedKVCache(dst, NUM_BLOCKS)
+    dst_cache.write_blocks([4, 0], src_cache.read_blocks([1, 5]))
+    block_dim = 1 if split_kv else 0
+    for name in src:
+        assert torch.equal(dst[name].select(block_dim, 4), src[name].select(block_dim, 1))
+        assert torch.equal(dst[name].select(block_dim, 0), src[name].select(block_dim, 5))
+        untouched = torch.tensor([1, 2, 3, 5])
+        assert torch.count_nonzero(dst[name].index_select(block_dim, untouched)) == 0
+    with pytest.raises(InvalidRequest, match=r"block rows of shape \(2, 3\)"):
+        dst_cache.write_blocks([0, 1], torch.zeros((2, 3), dtype=torch.uint8))

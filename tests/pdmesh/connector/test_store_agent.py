@@ -9,11 +9,14 @@ import threading
 import pytest
 import torch
 
+from kvstore.disk_tier import find_block
 from pdmesh.config import StoreSettings, TelemetrySettings
+from pdmesh.connector import store_agent
 from pdmesh.connector.compute_rate import ComputeRate
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask, StoreLoadTask
 from pdmesh.connector.store_lookup import StoreLookup
 from pdmesh.connector.worker_side import ConnectorWorker
+from tests.kvstore.factories import flip_bit
 
 BLOCK_SIZE, NUM_BLOCKS = 32, 8
 TOKENS = list(range(3, 3 + 80))  # 2 full blocks and a partial one
@@ -138,11 +141,8 @@ def test_a_bit_flipped_on_nvme_fails_that_block_and_keeps_the_prefix(producers, 
     a, _ = producers
     _save(a, [5, 2, 7])
     assert a.store.store.spill("nvme") == 2
-    files = sorted((tmp_path / "a").glob("*.blk"), key=lambda p: p.stat().st_mtime_ns)
-    second = next(p for p in files if p.name.startswith(a.store.store.blocks_in("nvme")[1].hex()))
-    data = bytearray(second.read_bytes())
-    data[-100] ^= 0x01
-    second.write_bytes(bytes(data))
+    path, offset = find_block(tmp_path / "a", a.store.store.blocks_in("nvme")[1], a.store.store.block_nbytes)
+    flip_bit(path, offset + 100, 0x01)
     assert _load(a, ["", ""], [0, 1])["tokens_by_tier"] == {"nvme": 32}
     assert a.take_failed_block_ids() == {1}
     counters = a.counters()
@@ -157,7 +157,8 @@ def test_a_node_that_lost_the_block_is_a_miss_not_an_error(producers):
     assert b.take_failed_block_ids() == {3, 4}
 
 
-def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers):
+def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers, monkeypatch):
+    monkeypatch.setattr(store_agent, "LOAD_BATCH_BLOCKS", 1)  # the budget is checked between batches
     a, _ = producers
     _save(a, [5, 2, 7])
     a.compute_rate = ComputeRate(initial_tokens_per_s=1e12)  # computing 64 tokens would take 64 ps
