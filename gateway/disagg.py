@@ -5,12 +5,16 @@ NVIDIA Dynamo's router has the same switch (`--router-conditional-disagg`, exper
 mostly cached prompts gain nothing from moving KV, and a prefill queue can cost more than computing
 locally. The model, in seconds until the request's first token:
 
-  remote = (tokens queued on the prefill worker + the prompt's tokens) / prefill rate
-           + handoff (prefill's response to decode's first token: KV pull, scheduling)
-  local  = (tokens queued for local prefill on the decode worker + the prompt's tokens) / decode's
-           prefill rate
-  stall  = the prompt's tokens / decode's prefill rate: how long every stream running on that decode
-           waits while it computes the prompt (their inter-token latency)
+  remote = (tokens queued on the prefill worker + the prompt's tokens prefill must compute) / prefill
+           rate + handoff (prefill's response to decode's first token: KV pull, scheduling)
+  local  = (tokens queued for local prefill on the decode worker + the prompt's tokens decode must
+           compute) / decode's prefill rate
+  stall  = the tokens decode must compute / decode's prefill rate: how long every stream running on
+           that decode waits while it computes the prompt (their inter-token latency)
+
+"Must compute" is the effective input length: the prompt minus the prefix that worker's prefix
+cache likely holds, estimated from the prompts this gateway sent it (gateway/seen_prefixes.py). A
+mostly cached prompt is cheap on whichever side holds it.
 
 Local wins when it is cheaper AND either the decode is idle or the stall stays within
 `max_local_stall_s`. The rates and the handoff are exponential moving averages of what this gateway
@@ -25,7 +29,10 @@ worker serves alone, a colocated baseline behind the same gateway), "conditional
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from gateway.seen_prefixes import SeenPrefixes, prefix_hashes
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,15 @@ class Decision:
     remote_s: float = 0.0
     local_s: float = 0.0
     stall_s: float = 0.0
+    prefill_cached_tokens: int = 0   # the prompt's prefix the prefill worker likely has cached
+    decode_cached_tokens: int = 0    # and the decode worker
 
     def span_attributes(self) -> dict:
         return {"pdmesh.disagg.decision": "local" if self.local else "remote", "pdmesh.disagg.reason": self.reason,
                 "pdmesh.disagg.remote_s": self.remote_s, "pdmesh.disagg.local_s": self.local_s,
-                "pdmesh.disagg.stall_s": self.stall_s}
+                "pdmesh.disagg.stall_s": self.stall_s,
+                "pdmesh.disagg.prefill_cached_tokens": self.prefill_cached_tokens,
+                "pdmesh.disagg.decode_cached_tokens": self.decode_cached_tokens}
 
 
 class Ewma:
@@ -77,31 +88,43 @@ class DisaggCosts:
 
 
 class DisaggPolicy:
-    def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float) -> None:
+    def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float,
+                 seen: SeenPrefixes | None = None) -> None:
         self.name = name
         self.costs = costs
+        self.seen = seen or SeenPrefixes()
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
 
-    def decide(self, num_prompt_tokens: int, prefill_address: str, decode_address: str,
+    def decide(self, prompt_token_ids: Sequence[int], prefill_address: str, decode_address: str,
                decode_busy: bool) -> Decision:
-        """Where this request's prompt is computed. Neither side's cached prefix is counted yet."""
-        decision = self._decide(num_prompt_tokens, prefill_address, decode_address, decode_busy)
+        """Where this request's prompt is computed; remembers which workers now hold it."""
+        if self.name != "conditional":
+            decision = Decision(local=self.name == "local", reason="policy")
+        else:
+            hashes = prefix_hashes(prompt_token_ids, self.seen.block_tokens)
+            num_tokens = len(prompt_token_ids)
+            decision = self._decide(num_tokens, prefill_address, decode_address, decode_busy,
+                                    self.seen.cached_tokens(prefill_address, hashes, num_tokens),
+                                    self.seen.cached_tokens(decode_address, hashes, num_tokens))
+            self.seen.record(decode_address, hashes)       # computed there, or pulled there
+            if not decision.local:
+                self.seen.record(prefill_address, hashes)
         self.decisions[(decision.local, decision.reason)] += 1
         return decision
 
-    def _decide(self, num_prompt_tokens: int, prefill_address: str, decode_address: str,
-                decode_busy: bool) -> Decision:
-        if self.name != "conditional":
-            return Decision(local=self.name == "local", reason="policy")
+    def _decide(self, num_prompt_tokens: int, prefill_address: str, decode_address: str, decode_busy: bool,
+                prefill_cached: int, decode_cached: int) -> Decision:
         costs = self.costs
-        remote_s = ((costs.queued_tokens[prefill_address] + num_prompt_tokens) / costs.prefill_tokens_per_s.value
-                    + costs.handoff_s.value)
+        remote_s = ((costs.queued_tokens[prefill_address] + num_prompt_tokens - prefill_cached)
+                    / costs.prefill_tokens_per_s.value + costs.handoff_s.value)
         local_rate = costs.local_tokens_per_s.value
-        local_s = (costs.queued_tokens[decode_address] + num_prompt_tokens) / local_rate
-        stall_s = num_prompt_tokens / local_rate
+        local_s = (costs.queued_tokens[decode_address] + num_prompt_tokens - decode_cached) / local_rate
+        stall_s = (num_prompt_tokens - decode_cached) / local_rate
+        measured = dict(remote_s=remote_s, local_s=local_s, stall_s=stall_s, prefill_cached_tokens=prefill_cached,
+                        decode_cached_tokens=decode_cached)
         if local_s > remote_s:
-            return Decision(False, "cheaper_remote", remote_s, local_s, stall_s)
+            return Decision(False, "cheaper_remote", **measured)
         if decode_busy and stall_s > self._max_local_stall_s:
-            return Decision(False, "stall", remote_s, local_s, stall_s)
-        return Decision(True, "cheaper_local", remote_s, local_s, stall_s)
+            return Decision(False, "stall", **measured)
+        return Decision(True, "cheaper_local", **measured)

@@ -119,7 +119,7 @@ class RequestRun:
         # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
         decodes = self._pool.compatible_with(prefill, await self._pool.candidates("decode", self._excluded))
         decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
-        state.decision = self._disagg.decide(len(prompt), prefill.address, decode.address,
+        state.decision = self._disagg.decide(prompt, prefill.address, decode.address,
                                              decode_busy=decode.queue() > 0)
         if state.decision.local:
             state.prefill = None
@@ -151,8 +151,9 @@ class RequestRun:
         request = worker_pb2.PrefillRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
                                             sampling=sampling, cache_salt=self.state.cache_salt)
         costs = self._disagg.costs
+        num_to_compute = len(prompt) - self.state.decision.prefill_cached_tokens  # as the policy estimated
         queued_before = costs.queued_tokens[prefill.address]
-        costs.queued_tokens[prefill.address] += len(prompt)
+        costs.queued_tokens[prefill.address] += num_to_compute
         started = time.monotonic()
         with self._pool.busy(prefill):
             call = worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(request, timeout=self._time_left())
@@ -162,7 +163,7 @@ class RequestRun:
                 raise self._failure(exc, prefill) from exc
             finally:
                 call.cancel()  # no-op once done; a cancelled request aborts the prefill
-                costs.queued_tokens[prefill.address] -= len(prompt)
+                costs.queued_tokens[prefill.address] -= num_to_compute
         costs.observe_prefill(response.num_computed_tokens, time.monotonic() - started, queued_before)
         self._prefilled_at = time.monotonic()
         return response
@@ -171,8 +172,9 @@ class RequestRun:
         """Decode computes the prompt itself (no KV handle): the colocated path, measured as it goes."""
         self.state.decode = decode
         costs = self._disagg.costs
+        num_to_compute = len(prompt) - self.state.decision.decode_cached_tokens  # as the policy estimated
         queued_before = costs.queued_tokens[decode.address]
-        costs.queued_tokens[decode.address] += len(prompt)
+        costs.queued_tokens[decode.address] += num_to_compute
         started, queued = time.monotonic(), True
         request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
                                            sampling=self._sampling(len(prompt) - len(self.state.prompt_token_ids)),
@@ -181,12 +183,12 @@ class RequestRun:
             async for chunk in self._decode_call(decode, request):
                 if queued and chunk.token_ids:
                     queued = False
-                    costs.queued_tokens[decode.address] -= len(prompt)
-                    costs.observe_local(len(prompt), time.monotonic() - started, queued_before)
+                    costs.queued_tokens[decode.address] -= num_to_compute
+                    costs.observe_local(num_to_compute, time.monotonic() - started, queued_before)
                 yield chunk
         finally:
             if queued:
-                costs.queued_tokens[decode.address] -= len(prompt)
+                costs.queued_tokens[decode.address] -= num_to_compute
 
     async def _decode_chunks(self, decode: Worker, prompt: list[int], num_left: int,
                              prefilled: worker_pb2.PrefillResponse) -> AsyncIterator[worker_pb2.DecodeResponse]:
