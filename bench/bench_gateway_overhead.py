@@ -1,13 +1,16 @@
 """Gateway overhead: the same streams direct to a decode worker and through the gateway.
 
-python -m bench.bench_gateway_overhead [--concurrency 200 --requests 2000 --tokens 16]
+python -m bench.bench_gateway_overhead [--concurrency 200 --requests 2000 --tokens 16 --paced-interval-ms 50]
 
-Stub workers (bench/stub_workers.py: no engine, decode streams its tokens at once) and a real
-gateway process (`python -m gateway`) in front of them; a client keeps `--concurrency` gRPC streams
-open at once. Per request: time to first token and to the last. The gateway's overhead is the
-difference of the medians between the two paths (the gateway adds a Prefill call and a hop per
-chunk). Target of the serving issue: <= 2 ms p50 at 200 concurrent streams. Writes
-bench/report/gateway_overhead.json and .png.
+Stub workers (bench/stub_workers.py: no engine) and a real gateway process (`python -m gateway`) in
+front of them; a client keeps `--concurrency` gRPC streams open at once. Two scenarios:
+- burst: decode streams its tokens at once, so the processes run flat out: throughput, and the
+  gateway's CPU time per request (its process's user + system time over the requests it served);
+- paced: decode streams a token every `--paced-interval-ms` (an engine step), as a real decode
+  does: the latency the gateway adds to a request when it is not the bottleneck.
+Per request: time to first token and to the last. The overhead is the difference of the medians
+between the two paths (the gateway adds a Prefill call and a hop per chunk). Target of the serving
+issue: <= 2 ms p50 at 200 concurrent streams. Writes bench/report/gateway_overhead.json and .png.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -31,6 +35,7 @@ from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.v1 import common_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 PROMPT = list(range(3, 3 + 64))
+WARMUP_REQUESTS = 50
 
 
 async def _timed(stream) -> tuple[float, float]:
@@ -72,9 +77,33 @@ async def _direct(decode_address: str, args) -> dict:
 async def _through_gateway(gateway_address: str, args) -> dict:
     async with grpc.aio.insecure_channel(gateway_address, options=GRPC_OPTIONS) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
-        await _drive(lambda i: stub.Generate(make_request(PROMPT, max_tokens=args.tokens)), 50, 10)  # warm-up
+        await _drive(lambda i: stub.Generate(make_request(PROMPT, max_tokens=args.tokens)), WARMUP_REQUESTS,
+                     10)  # warm-up
         return await _drive(lambda i: stub.Generate(make_request(PROMPT, max_tokens=args.tokens)), args.requests,
                             args.concurrency)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _scenario(args, token_interval_ms: float, work: Path) -> dict:
+    stubs_ready, gateway_ready = work / f"stubs-{token_interval_ms:g}.json", work / f"gateway-{token_interval_ms:g}.json"
+    with spawned(["-m", "bench.stub_workers", str(stubs_ready), "--num-tokens", str(args.tokens),
+                  "--token-interval-ms", str(token_interval_ms)], stubs_ready, work / "stubs.log") as stubs, \
+            spawned(["-m", "gateway", "--port", "0", "--tokenizer", str(DEFAULT_MODEL_DIR),
+                     "--prefill_workers", json.dumps([stubs["prefill"]]),
+                     "--decode_workers", json.dumps([stubs["decode"]]),
+                     "--max_in_flight", str(args.concurrency * 2), "--ready_file", str(gateway_ready),
+                     "--exit_with_parent"], gateway_ready, work / "gateway.log") as gateway:
+        direct = asyncio.run(_direct(stubs["decode"], args))
+        cpu_before = _cpu_seconds(gateway["pid"])
+        through = asyncio.run(_through_gateway(gateway["address"], args))
+        cpu_ms_per_request = 1e3 * (_cpu_seconds(gateway["pid"]) - cpu_before) / (args.requests + WARMUP_REQUESTS)
+    overhead = {k: through[k]["50"] - direct[k]["50"] for k in ("ttft_ms", "e2e_ms")}
+    return {"token_interval_ms": token_interval_ms, "direct_to_decode": direct, "through_gateway": through,
+            "gateway_overhead_ms_p50": overhead, "gateway_cpu_ms_per_request": cpu_ms_per_request}
 
 
 def main() -> None:
@@ -82,33 +111,33 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--paced-interval-ms", type=float, default=50.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        stubs_ready, gateway_ready = Path(work) / "stubs.json", Path(work) / "gateway.json"
-        with spawned(["-m", "bench.stub_workers", str(stubs_ready), "--num-tokens", str(args.tokens)],
-                     stubs_ready, Path(work) / "stubs.log") as stubs, \
-                spawned(["-m", "gateway", "--port", "0", "--tokenizer", str(DEFAULT_MODEL_DIR),
-                          "--prefill_workers", json.dumps([stubs["prefill"]]),
-                          "--decode_workers", json.dumps([stubs["decode"]]),
-                          "--max_in_flight", str(args.concurrency * 2), "--ready_file", str(gateway_ready),
-                          "--exit_with_parent"], gateway_ready, Path(work) / "gateway.log") as gateway:
-            direct = asyncio.run(_direct(stubs["decode"], args))
-            through = asyncio.run(_through_gateway(gateway["address"], args))
-    overhead = {k: through[k]["50"] - direct[k]["50"] for k in ("ttft_ms", "e2e_ms")}
-    results = {"workload": vars(args), "direct_to_decode": direct, "through_gateway": through,
-               "gateway_overhead_ms_p50": overhead}
+        scenarios = {"burst": _scenario(args, 0.0, Path(work)),
+                     "paced": _scenario(args, args.paced_interval_ms, Path(work))}
+    results = {"workload": vars(args), **scenarios}
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     (REPORT_DIR / "gateway_overhead.json").write_text(json.dumps(results, indent=1))
+    burst, paced = scenarios["burst"], scenarios["paced"]
     plot_bars("gateway_overhead", [
-        ("TTFT p50 (ms)", {"direct": direct["ttft_ms"]["50"], "gateway": through["ttft_ms"]["50"]}),
-        ("end to end p50 (ms)", {"direct": direct["e2e_ms"]["50"], "gateway": through["e2e_ms"]["50"]}),
-        ("requests/s", {"direct": direct["requests_per_s"], "gateway": through["requests_per_s"]})],
+        ("burst: requests/s", {"direct": burst["direct_to_decode"]["requests_per_s"],
+                               "gateway": burst["through_gateway"]["requests_per_s"]}),
+        ("paced: TTFT p50 (ms)", {"direct": paced["direct_to_decode"]["ttft_ms"]["50"],
+                                  "gateway": paced["through_gateway"]["ttft_ms"]["50"]}),
+        ("paced: end to end p50 (ms)", {"direct": paced["direct_to_decode"]["e2e_ms"]["50"],
+                                        "gateway": paced["through_gateway"]["e2e_ms"]["50"]}),
+        ("gateway CPU ms / request", {"burst": burst["gateway_cpu_ms_per_request"],
+                                      "paced": paced["gateway_cpu_ms_per_request"]})],
         out_dir=REPORT_DIR)
-    print(f"{args.concurrency} concurrent streams, {args.tokens} tokens each: direct TTFT p50 "
-          f"{direct['ttft_ms']['50']:.2f} ms, e2e {direct['e2e_ms']['50']:.2f} ms, {direct['requests_per_s']:.0f} req/s | "
-          f"through the gateway TTFT {through['ttft_ms']['50']:.2f} ms, e2e {through['e2e_ms']['50']:.2f} ms, "
-          f"{through['requests_per_s']:.0f} req/s | overhead p50: TTFT {overhead['ttft_ms']:.2f} ms, "
-          f"e2e {overhead['e2e_ms']:.2f} ms (target <= 2 ms)")
+    for name, result in scenarios.items():
+        direct, through, overhead = result["direct_to_decode"], result["through_gateway"], result["gateway_overhead_ms_p50"]
+        print(f"{name}: {args.concurrency} concurrent streams, {args.tokens} tokens each: direct TTFT p50 "
+              f"{direct['ttft_ms']['50']:.2f} ms, e2e {direct['e2e_ms']['50']:.2f} ms, {direct['requests_per_s']:.0f} "
+              f"req/s | through the gateway TTFT {through['ttft_ms']['50']:.2f} ms, e2e {through['e2e_ms']['50']:.2f} "
+              f"ms, {through['requests_per_s']:.0f} req/s | overhead p50: TTFT {overhead['ttft_ms']:.2f} ms, e2e "
+              f"{overhead['e2e_ms']:.2f} ms (target <= 2 ms) | gateway CPU {result['gateway_cpu_ms_per_request']:.2f} "
+              f"ms per request")
 
 
 if __name__ == "__main__":

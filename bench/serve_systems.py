@@ -108,7 +108,7 @@ def pdmesh_cluster(system: System, model_dir: Path, log_dir: Path) -> Iterator[s
 @contextlib.contextmanager
 def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: float = 300.0) -> Iterator[dict]:
     """Runs `python <command>` (logging to a file, not a pipe nobody reads) until its ready file
-    appears; yields the file's record; stops the process after."""
+    appears; yields the file's record (and the process's "pid"); stops the process after."""
     with log_path.open("w") as log:
         popen = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
@@ -118,7 +118,7 @@ def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: flo
             if popen.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{command[:2]} did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.1)
-        yield json.loads(ready_file.read_text())
+        yield {**json.loads(ready_file.read_text()), "pid": popen.pid}
     finally:
         _stop_group(popen)
 

@@ -1,9 +1,9 @@
 """Stub prefill and decode workers for measuring the gateway alone (no engine behind them).
 
-python -m bench.stub_workers READY_FILE [--num-tokens 16]
+python -m bench.stub_workers READY_FILE [--num-tokens 16] [--token-interval-ms 0]
 Serves WorkerInfo + Prefill on one port and WorkerInfo + Decode on another; prefill answers a KV
-handle at once, decode streams `--num-tokens` tokens (the prompt's ids, repeated) as fast as gRPC
-sends them. Writes {"prefill": host:port, "decode": host:port} to READY_FILE; stops on SIGTERM.
+handle at once, decode streams `--num-tokens` tokens (the prompt's ids, repeated), one every
+`--token-interval-ms` (an engine step; 0: as fast as gRPC sends them). Writes {"prefill": host:port, "decode": host:port} to READY_FILE; stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ COMPAT = common_pb2.CompatInfo(model_fingerprint="stub", dtype="float32", block_
 
 class StubWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServicer,
                  worker_pb2_grpc.DecodeServicer):
-    def __init__(self, role: str, num_tokens: int) -> None:
+    def __init__(self, role: str, num_tokens: int, token_interval_s: float = 0.0) -> None:
         self.info = worker_pb2.WorkerInfoResponse(role=role, model="tiny-llama", max_model_len=4096, compat=COMPAT,
                                                   kv_address="127.0.0.1:1", vocab_size=1024)
         self._num_tokens = num_tokens
+        self._token_interval_s = token_interval_s
 
     async def GetInfo(self, request, context):
         return self.info
@@ -38,17 +39,19 @@ class StubWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
     async def Decode(self, request, context):
         num_tokens = min(self._num_tokens, request.sampling.max_tokens)
         for i in range(num_tokens):
+            if self._token_interval_s:
+                await asyncio.sleep(self._token_interval_s)
             token_id = request.prompt_token_ids[i % len(request.prompt_token_ids)]
             yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
         yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
 
 
-async def serve(ready_file: Path, num_tokens: int) -> None:
+async def serve(ready_file: Path, num_tokens: int, token_interval_s: float) -> None:
     addresses = {}
     servers = []
     for role, add in (("prefill", worker_pb2_grpc.add_PrefillServicer_to_server),
                       ("decode", worker_pb2_grpc.add_DecodeServicer_to_server)):
-        worker = StubWorker(role, num_tokens)
+        worker = StubWorker(role, num_tokens, token_interval_s)
         server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(worker, server.server)
         add(worker, server.server)
@@ -64,8 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("ready_file")
     parser.add_argument("--num-tokens", type=int, default=16)
+    parser.add_argument("--token-interval-ms", type=float, default=0.0)
     args = parser.parse_args()
-    asyncio.run(serve(Path(args.ready_file), args.num_tokens))
+    asyncio.run(serve(Path(args.ready_file), args.num_tokens, args.token_interval_ms / 1e3))
 
 
 if __name__ == "__main__":

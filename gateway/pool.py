@@ -20,7 +20,7 @@ from pdmesh.compat import check_compatible
 from pdmesh.config import TlsSettings
 from pdmesh.errors import Incompatible, NoWorkerAvailable
 from pdmesh.registry import RegistryWatcher, WorkerRecord
-from pdmesh.telemetry.grpc_client import client_interceptors
+from pdmesh.telemetry.grpc_client import client_span
 from pdmesh.tls import open_channel
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -121,11 +121,12 @@ class WorkerPool:
 
     async def release_kv(self, handle: common_pb2.KVHandle) -> bool:
         """Best effort; False when nothing was held (decode already released it) or prefill is gone."""
-        async with grpc.aio.insecure_channel(handle.kv_address, options=GRPC_OPTIONS,
-                                             interceptors=client_interceptors()) as channel:
+        async with grpc.aio.insecure_channel(handle.kv_address, options=GRPC_OPTIONS) as channel:
             try:
-                response = await kv_transfer_pb2_grpc.KVTransferStub(channel).Release(
-                    kv_transfer_pb2.ReleaseRequest(transfer_id=handle.transfer_id), timeout=self._info_timeout_s)
+                with client_span("/pdmesh.v1.KVTransfer/Release") as metadata:
+                    response = await kv_transfer_pb2_grpc.KVTransferStub(channel).Release(
+                        kv_transfer_pb2.ReleaseRequest(transfer_id=handle.transfer_id), timeout=self._info_timeout_s,
+                        metadata=metadata)
             except grpc.aio.AioRpcError:
                 return False
         return response.released
@@ -135,7 +136,7 @@ class WorkerPool:
         await asyncio.gather(*(w.channel.close() for w in self._workers.values()))
 
     def _open(self, address: str, role: str, static: bool = False) -> Worker:
-        channel = open_channel(address, self._tls, interceptors=client_interceptors())
+        channel = open_channel(address, self._tls)  # no interceptors: calls trace themselves (client_span)
         return Worker(address, role, channel, static=static)
 
     async def _ensure_info(self, worker: Worker) -> bool:

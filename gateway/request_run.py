@@ -32,9 +32,12 @@ from gateway.pool import Worker, WorkerPool
 from gateway.routing import RoutePolicy
 from pdmesh import errors
 from pdmesh.status_map import error_from_rpc_error
+from pdmesh.telemetry.grpc_client import client_span
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
+PREFILL_METHOD = "/pdmesh.v1.Prefill/Prefill"
+DECODE_METHOD = "/pdmesh.v1.Decode/Decode"
 
 # Errors after which another worker may succeed; anything else is the request's own fault.
 RETRYABLE = (errors.WorkerFailed, errors.TransferNotFound, errors.ChecksumMismatch, errors.BlockHashMismatch)
@@ -155,8 +158,9 @@ class RequestRun:
         queued_before = costs.queued_tokens[prefill.address]
         costs.queued_tokens[prefill.address] += num_to_compute
         started = time.monotonic()
-        with self._pool.busy(prefill):
-            call = worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(request, timeout=self._time_left())
+        with self._pool.busy(prefill), client_span(PREFILL_METHOD) as metadata:
+            call = worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(request, timeout=self._time_left(),
+                                                                        metadata=metadata)
             try:
                 response = await call
             except grpc.aio.AioRpcError as exc:
@@ -217,8 +221,9 @@ class RequestRun:
 
     async def _decode_call(self, decode: Worker,
                            request: worker_pb2.DecodeRequest) -> AsyncIterator[worker_pb2.DecodeResponse]:
-        with self._pool.busy(decode):
-            call = worker_pb2_grpc.DecodeStub(decode.channel).Decode(request, timeout=self._time_left())
+        with self._pool.busy(decode), client_span(DECODE_METHOD) as metadata:
+            call = worker_pb2_grpc.DecodeStub(decode.channel).Decode(request, timeout=self._time_left(),
+                                                                     metadata=metadata)
             try:
                 async for chunk in call:
                     yield chunk

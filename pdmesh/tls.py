@@ -36,15 +36,15 @@ def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
         certificate_chain=_read_optional(tls.cert_file))
 
 
-def open_channel(address: str, tls: TlsSettings, options: Sequence[tuple[str, object]] | None = None,
-                 interceptors: Sequence[object] | None = None) -> grpc.aio.Channel:
+def open_channel(address: str, tls: TlsSettings, options: Sequence[tuple[str, object]] | None = None
+                 ) -> grpc.aio.Channel:
     """A grpc.aio channel to address: secure when tls is enabled, else insecure.
     options default to the shared GRPC_OPTIONS."""
     options = list(GRPC_OPTIONS if options is None else options)
     credentials = channel_credentials(tls)
     if credentials is None:
-        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
-    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
 def _check_pair(tls: TlsSettings) -> None:

@@ -1,43 +1,35 @@
-"""Client-side gRPC tracing that keeps cancellation working.
+"""Client-side gRPC tracing without interceptors, for the gateway's calls.
 
-OpenTelemetry's aio unary-unary interceptor awaits the whole call inside the interceptor, so
-cancelling the caller cancels only the interceptor's await: the RPC itself runs on and the server
-never hears of the cancel (a prefill the client abandoned still finished and pinned its KV). This
-interceptor starts the client span, injects the trace context, and returns the call at once, so
-`call.cancel()` and task cancellation reach the server; the span ends when the call does. The
-streaming interceptors of OpenTelemetry do not have the problem and are kept.
+Any client interceptor puts every call of its channel behind grpc.aio's intercepted-call wrappers
+(an extra task per call, an extra async hop per streamed message), and OpenTelemetry's unary one
+also awaits the whole call inside itself, so cancelling the caller did not reach the server. The
+gateway's channels have no interceptors: each call site opens a CLIENT span with `client_span` and
+sends the span's context (W3C traceparent + baggage) as the call's metadata. Cancellation is
+plain grpc.aio's; the span ends when the call's block does.
 """
 
 from __future__ import annotations
 
-import grpc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from opentelemetry import propagate, trace
-from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
 from pdmesh.telemetry.tracing import tracer
 
 
-class CancellableUnaryUnaryTracing(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
-        self._tracer = tracer_provider.get_tracer(__name__) if tracer_provider is not None else None
-
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
-        method = client_call_details.method
-        span = (self._tracer or tracer()).start_span(method.decode() if isinstance(method, bytes) else method,
-                                   kind=trace.SpanKind.CLIENT, attributes={"rpc.system": "grpc"})
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
-        metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()), *carrier.items())
-        try:
-            call = await continuation(client_call_details._replace(metadata=metadata), request)
-        except BaseException:
-            span.end()
-            raise
-        call.add_done_callback(lambda _: span.end())
-        return call
-
-
-def client_interceptors() -> list:
-    """OpenTelemetry's client interceptors, with the unary-unary one replaced by the cancellable one."""
-    streaming = [i for i in aio_client_interceptors() if not isinstance(i, grpc.aio.UnaryUnaryClientInterceptor)]
-    return [CancellableUnaryUnaryTracing(), *streaming]
+@contextmanager
+def client_span(method: str, tracer_: trace.Tracer | None = None) -> Iterator[tuple[tuple[str, str], ...]]:
+    """A CLIENT span named like the RPC ("/package.Service/Method"), child of the current span;
+    yields the metadata that carries its context to the server."""
+    span = (tracer_ or tracer()).start_span(method, kind=trace.SpanKind.CLIENT, attributes={"rpc.system": "grpc"})
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    try:
+        yield tuple(carrier.items())
+    except Exception as exc:
+        span.record_exception(exc)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+        raise
+    finally:
+        span.end()
