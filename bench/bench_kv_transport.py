@@ -41,7 +41,7 @@ def main() -> None:
     pool = np.random.default_rng(0).integers(0, 255, (num_blocks, block_nbytes), dtype=np.uint8)
     compat = common_pb2.CompatInfo(model_fingerprint="bench", block_nbytes=block_nbytes)
     held = HeldTransfers()
-    server = GrpcKVServer(KVTransferServicer(compat, held, lambda block_id: memoryview(pool[block_id])),
+    server = GrpcKVServer(KVTransferServicer(compat, held, lambda block_ids: pool[block_ids]),
                           "127.0.0.1", 0)
     receiver = GrpcKVReceiver(compat)
     try:

@@ -13,7 +13,7 @@ from pdmesh.compat import check_compatible, fingerprint_seed
 from pdmesh.errors import PDMeshError, TransferNotFound
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
-from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_block_chunks
+from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_chunks
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc
 
 FETCH_BATCH_BLOCKS = 16  # blocks read from the store per batch (one copy per tier)
@@ -49,10 +49,11 @@ class KVStoreServicer(kv_store_pb2_grpc.KVStoreServicer):
                 for start in range(0, len(keys), FETCH_BATCH_BLOCKS):
                     batch = keys[start:start + FETCH_BATCH_BLOCKS]
                     rows, tiers = self._store.read_prefix(batch)
-                    for index, (key, row, tier) in enumerate(zip(batch, rows, tiers), start):
+                    for tier in tiers:
                         span.add_event("block", {"pdmesh.kvstore.tier": tier})
-                        yield from iter_block_chunks(index, row, key.block_hash, self._chunk_nbytes)
-                        num_bytes += row.nbytes
+                    yield from iter_chunks(list(range(start, start + len(tiers))), rows,
+                                           [key.block_hash for key in batch[:len(tiers)]], self._chunk_nbytes)
+                    num_bytes += rows.nbytes
                     if len(tiers) < len(batch):
                         raise TransferNotFound(f"block {batch[len(tiers)].block_hash.hex()} is not held here")
             except PDMeshError as exc:

@@ -86,7 +86,8 @@ class ConnectorWorker:
             if self._store_settings is not None:
                 self.store = StoreAgent(self._store_settings, self.compat, self._paged.device)
                 self.saver = StoreSaver(self.store, self._paged, self.held, self._store_settings.save_queue_bytes)
-            self._servicer = KVTransferServicer(self.compat, self.held, self._paged.read_block)
+            self._servicer = KVTransferServicer(self.compat, self.held,
+                                                lambda block_ids: self._paged.read_blocks(block_ids).numpy())
             self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                         extra_services=[self.store.extra_service()] if self.store else [])
             if self.store is not None:

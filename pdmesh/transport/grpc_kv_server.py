@@ -12,6 +12,7 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import server_interceptor
@@ -20,12 +21,12 @@ from pdmesh.compat import check_compatible
 from pdmesh.errors import InvalidRequest, PDMeshError
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
-from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_block_chunks
+from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, iter_chunks
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
-BlockReader = Callable[[int], memoryview]
+BlockReader = Callable[[list[int]], np.ndarray]  # engine block ids -> (n, block_nbytes) uint8 rows
 
 
 class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
@@ -33,13 +34,13 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         self,
         compat: common_pb2.CompatInfo,
         held: HeldTransfers,
-        read_block: BlockReader,
+        read_blocks: BlockReader,
         wait_timeout_s: float = 10.0,
         chunk_nbytes: int = DEFAULT_CHUNK_NBYTES,
     ) -> None:
         self._compat = compat
         self._held = held
-        self._read_block = read_block
+        self._read_blocks = read_blocks
         self._wait_timeout_s = wait_timeout_s
         self._chunk_nbytes = chunk_nbytes
         self._lock = threading.Lock()
@@ -56,13 +57,16 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 context.set_trailing_metadata(error_metadata(exc))
                 context.abort(grpc_status_of(exc), str(exc))
             num_bytes = 0
-            for index in request.block_indexes:
-                payload = self._read_block(transfer.block_ids[index])
-                yield from iter_block_chunks(index, payload, transfer.block_hashes[index], self._chunk_nbytes)
-                num_bytes += payload.nbytes
+            indexes = list(request.block_indexes)
+            per_read = blocks_per_chunk(self._compat.block_nbytes, self._chunk_nbytes)
+            for start in range(0, len(indexes), per_read):
+                batch = indexes[start:start + per_read]
+                rows = self._read_blocks([transfer.block_ids[i] for i in batch])  # one gather per layer
+                yield from iter_chunks(batch, rows, [transfer.block_hashes[i] for i in batch], self._chunk_nbytes)
+                num_bytes += rows.nbytes
                 with self._lock:
-                    self.num_blocks_sent += 1
-                    self.num_bytes_sent += payload.nbytes
+                    self.num_blocks_sent += len(batch)
+                    self.num_bytes_sent += rows.nbytes
             span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
 
     def Release(self, request, context):

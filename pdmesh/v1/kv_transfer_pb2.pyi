@@ -18,7 +18,7 @@ class PullRequest(_message.Message):
     def __init__(self, transfer_id: _Optional[str] = ..., block_indexes: _Optional[_Iterable[int]] = ..., compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ...) -> None: ...
 
 class KVChunk(_message.Message):
-    __slots__ = ("block_index", "offset", "data", "block_nbytes", "last", "checksum", "block_hash")
+    __slots__ = ("block_index", "offset", "data", "block_nbytes", "last", "checksum", "block_hash", "run_block_indexes", "run_checksums", "run_block_hashes")
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,9 @@ class KVChunk(_message.Message):
     LAST_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    RUN_BLOCK_INDEXES_FIELD_NUMBER: _ClassVar[int]
+    RUN_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    RUN_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     block_index: int
     offset: int
     data: bytes
@@ -33,7 +36,10 @@ class KVChunk(_message.Message):
     last: bool
     checksum: int
     block_hash: bytes
-    def __init__(self, block_index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., block_nbytes: _Optional[int] = ..., last: _Optional[bool] = ..., checksum: _Optional[int] = ..., block_hash: _Optional[bytes] = ...) -> None: ...
+    run_block_indexes: _containers.RepeatedScalarFieldContainer[int]
+    run_checksums: _containers.RepeatedScalarFieldContainer[int]
+    run_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, block_index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., block_nbytes: _Optional[int] = ..., last: _Optional[bool] = ..., checksum: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., run_block_indexes: _Optional[_Iterable[int]] = ..., run_checksums: _Optional[_Iterable[int]] = ..., run_block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("transfer_id",)

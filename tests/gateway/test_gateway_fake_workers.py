@@ -133,7 +133,7 @@ def test_gateway_imports_neither_torch_nor_vllm():
 async def test_failed_decode_releases_the_prefill_kv_at_once(tiny_llama_dir):
     held = HeldTransfers()
     held.hold(HeldTransfer("t-r9", (0,), (b"",), deadline=1e18))
-    kv_server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_id: memoryview(b"")), "127.0.0.1", 0)
+    kv_server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_ids: None), "127.0.0.1", 0)
     gateway, address, prefill, decode = await _start(tiny_llama_dir, kv_address=kv_server.address, fail_decode=True)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -161,7 +161,7 @@ async def released(held: HeldTransfers, timeout_s: float = 5.0) -> set[str]:
 @pytest.fixture
 def held_kv_server():
     held = HeldTransfers()
-    server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_id: memoryview(b"")), "127.0.0.1", 0)
+    server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_ids: None), "127.0.0.1", 0)
     yield held, server.address
     server.stop(0)
 

@@ -25,7 +25,7 @@ class _Node:
         self.store = TieredBlockStore([host_tier(8 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
         servicer = KVStoreServicer(COMPAT, self.store, index=None)
         self.server = GrpcKVServer(
-            KVTransferServicer(COMPAT, HeldTransfers(), lambda block_id: memoryview(b"")), "127.0.0.1", 0,
+            KVTransferServicer(COMPAT, HeldTransfers(), lambda block_ids: None), "127.0.0.1", 0,
             extra_services=[ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, servicer)])
         self.index = RedisBlockIndex.connect(redis_server.url, redis_server.password, SEED.decode(),
                                              self.server.address, ttl_s=60)

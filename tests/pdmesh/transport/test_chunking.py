@@ -1,8 +1,9 @@
+import numpy as np
 import pytest
 
 from pdmesh.errors import ChecksumMismatch, InvalidRequest
 from pdmesh.transport.checksum import block_checksum
-from pdmesh.transport.chunking import BlockAssembler, iter_block_chunks
+from pdmesh.transport.chunking import BlockAssembler, iter_block_chunks, iter_chunks
 
 
 def _payload(nbytes: int) -> bytes:
@@ -18,10 +19,9 @@ def test_block_splits_into_chunks_of_at_most_chunk_size_and_reassembles():
     assert chunks[-1].checksum == block_checksum(payload) and chunks[0].checksum == 0
     assembler = BlockAssembler(max_block_nbytes=10_000)
     results = [assembler.add(c) for c in chunks]
-    assert results[:2] == [None, None]
-    assert results[2].block_index == 3
-    assert bytes(results[2].payload) == payload
-    assert results[2].block_hash == b"h" * 16
+    assert results[:2] == [[], []]
+    (block,) = results[2]
+    assert (block.block_index, bytes(block.payload), block.block_hash) == (3, payload, b"h" * 16)
     assert not assembler.in_progress
 
 
@@ -35,9 +35,7 @@ def test_consecutive_blocks_reassemble_independently():
     blocks = []
     for index, size in [(0, 5000), (1, 1234)]:
         for chunk in iter_block_chunks(index, _payload(size), b"", chunk_nbytes=2000):
-            block = assembler.add(chunk)
-            if block:
-                blocks.append(block)
+            blocks += assembler.add(chunk)
     assert [(b.block_index, len(b.payload)) for b in blocks] == [(0, 5000), (1, 1234)]
 
 
@@ -76,3 +74,34 @@ def test_new_block_before_last_chunk_of_previous_is_rejected():
     assembler.add(first[0])
     with pytest.raises(InvalidRequest, match="block 0 ended without its last chunk"):
         assembler.add(second)
+
+
+def _rows(num_blocks: int, block_nbytes: int) -> np.ndarray:
+    return np.frombuffer(_payload(num_blocks * block_nbytes), dtype=np.uint8).reshape(num_blocks, block_nbytes)
+
+
+def test_small_blocks_go_as_runs_and_large_ones_as_pieces():
+    rows = _rows(5, 1000)
+    chunks = list(iter_chunks([4, 0, 2, 1, 3], rows, [b"a", b"b", b"c", b"d", b"e"], chunk_nbytes=2500))
+    assert [list(c.run_block_indexes) for c in chunks] == [[4, 0], [2, 1], [3]]
+    assembler = BlockAssembler(max_block_nbytes=1000)
+    blocks = [b for c in chunks for b in assembler.add(c)]
+    assert [(b.block_index, b.block_hash) for b in blocks] == [(4, b"a"), (0, b"b"), (2, b"c"), (1, b"d"), (3, b"e")]
+    assert [bytes(b.payload) for b in blocks] == [row.tobytes() for row in rows]
+    blocks[0].payload[0] ^= 1  # writable: it lands in torch tensors
+    big = list(iter_chunks([7], _rows(1, 3000), [b"z"], chunk_nbytes=2500))
+    assert [(c.run_block_indexes, len(c.data), c.last) for c in big] == [([], 2500, False), ([], 500, True)]
+
+
+def test_a_run_with_a_flipped_bit_or_a_wrong_length_is_rejected():
+    chunk = next(iter_chunks([0, 1], _rows(2, 1000), [b"", b""], chunk_nbytes=2000))
+    short = type(chunk)()
+    short.CopyFrom(chunk)
+    short.data = chunk.data[:-1]
+    with pytest.raises(InvalidRequest, match="1999 bytes, 2 checksums and 2 hashes for 2 blocks"):
+        BlockAssembler(max_block_nbytes=1000).add(short)
+    data = bytearray(chunk.data)
+    data[1500] ^= 0x80
+    chunk.data = bytes(data)
+    with pytest.raises(ChecksumMismatch, match="block 1: checksum"):
+        BlockAssembler(max_block_nbytes=1000).add(chunk)

@@ -1,6 +1,7 @@
 """Real gRPC KV server and receiver over loopback, with an in-memory block source."""
 
 import grpc
+import numpy as np
 import pytest
 
 from pdmesh.errors import ChecksumMismatch, Incompatible, InvalidRequest, TransferNotFound
@@ -15,8 +16,12 @@ COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_si
                                num_layers=4, block_nbytes=BLOCK_NBYTES)
 
 
-def _block(block_id: int) -> memoryview:
-    return memoryview(bytes([block_id % 256]) * BLOCK_NBYTES)
+def _block(block_id: int, block_nbytes: int = BLOCK_NBYTES) -> memoryview:
+    return memoryview(bytes([block_id % 256]) * block_nbytes)
+
+
+def _rows(block_ids: list[int], block_nbytes: int = BLOCK_NBYTES) -> np.ndarray:
+    return np.stack([np.frombuffer(_block(i, block_nbytes), dtype=np.uint8) for i in block_ids])
 
 
 class _CorruptingServicer(KVTransferServicer):
@@ -40,7 +45,7 @@ def held():
 
 @pytest.fixture
 def server(held, no_thread_leak):
-    server = GrpcKVServer(KVTransferServicer(COMPAT, held, _block, wait_timeout_s=0.2), "127.0.0.1", 0)
+    server = GrpcKVServer(KVTransferServicer(COMPAT, held, _rows, wait_timeout_s=0.2), "127.0.0.1", 0)
     yield server
     server.stop(grace_s=0)
 
@@ -83,7 +88,7 @@ def test_block_index_out_of_range_is_invalid(server, receiver):
 
 
 def test_a_bit_flipped_on_the_wire_is_rejected(held, receiver, no_thread_leak):
-    server = GrpcKVServer(_CorruptingServicer(COMPAT, held, _block), "127.0.0.1", 0)
+    server = GrpcKVServer(_CorruptingServicer(COMPAT, held, _rows), "127.0.0.1", 0)
     try:
         with pytest.raises(ChecksumMismatch, match="block 1: checksum"):
             list(receiver.pull(server.address, "t1", [1]))
@@ -102,3 +107,44 @@ def test_server_serves_health_checks(server):
 def test_chunks_of_a_block_never_exceed_one_mib():
     sizes = [len(c.data) for c in iter_block_chunks(0, _block(1), b"")]
     assert sizes == [1 << 20, 1 << 20, 1 << 20, 5]
+
+
+SMALL_NBYTES = 128 * 1024
+SMALL_COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
+                                     num_layers=4, block_nbytes=SMALL_NBYTES)
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_small_blocks_travel_eight_to_a_message_and_each_is_verified(no_thread_leak, corrupt):
+    held = HeldTransfers()
+    block_ids = tuple(range(100, 120))
+    held.hold(HeldTransfer("t2", block_ids=block_ids, block_hashes=tuple(b"h%d" % i for i in block_ids),
+                           deadline=1e18))
+    sent = []
+
+    class Recording(KVTransferServicer):
+        def Pull(self, request, context):
+            for i, chunk in enumerate(super().Pull(request, context)):
+                if corrupt and i == 1:
+                    data = bytearray(chunk.data)
+                    data[3 * SMALL_NBYTES + 5] ^= 0x01  # the run's fourth block
+                    chunk.data = bytes(data)
+                sent.append(list(chunk.run_block_indexes))
+                yield chunk
+
+    server = GrpcKVServer(Recording(SMALL_COMPAT, held, lambda ids: _rows(ids, SMALL_NBYTES)), "127.0.0.1", 0)
+    receiver = GrpcKVReceiver(SMALL_COMPAT, timeout_s=10)
+    try:
+        asked = list(range(19, -1, -1))
+        if corrupt:
+            with pytest.raises(ChecksumMismatch, match="block 8: checksum"):
+                list(receiver.pull(server.address, "t2", asked))
+            return
+        blocks = list(receiver.pull(server.address, "t2", asked))
+        assert sent == [asked[:8], asked[8:16], asked[16:]]
+        assert [b.block_index for b in blocks] == asked
+        assert all(bytes(b.payload) == bytes(_block(100 + b.block_index, SMALL_NBYTES)) for b in blocks)
+        assert blocks[0].block_hash == b"h119"
+    finally:
+        receiver.close()
+        server.stop(grace_s=0)
