@@ -30,7 +30,7 @@ import xxhash
 
 from kvstore.block_hash import HASH_NBYTES
 from kvstore.block_key import BlockKey
-from kvstore.tier import contiguous_runs
+from kvstore.tier import FreeSlots, contiguous_runs
 
 logger = logging.getLogger(__name__)
 
@@ -154,16 +154,14 @@ class DiskTier:
         os.ftruncate(self._slab_fd, self.capacity_blocks * block_nbytes)
         self._journal_fd = -1
         self._rewrite_journal()
-        self._free_slots = [s for s in range(self.capacity_blocks - 1, -1, -1) if s not in self._live]
+        self._free_slots = FreeSlots("nvme", self.capacity_blocks, self._live)
 
     @property
     def num_free(self) -> int:
         return len(self._free_slots)
 
     def allocate(self, num_blocks: int) -> list[int]:
-        if num_blocks > len(self._free_slots):
-            raise ValueError(f"nvme: {num_blocks} slots asked, {len(self._free_slots)} free")
-        return [self._free_slots.pop() for _ in range(num_blocks)]
+        return self._free_slots.take(num_blocks)
 
     def write_many(self, handles: Sequence[int], keys: Sequence[BlockKey], rows: np.ndarray,
                    checksums: Sequence[int]) -> None:
@@ -193,7 +191,7 @@ class DiskTier:
         with self._journal_lock:
             self._live.pop(handle, None)
             _write_all(self._journal_fd, _record(_FREE, handle))  # durable with the next commit
-        self._free_slots.append(handle)
+        self._free_slots.give_back(handle)
 
     def recovered(self) -> Iterator[tuple[BlockKey, int, int]]:
         """Blocks the journal says survived an earlier run, oldest placement first (once)."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvstore.block_key import BlockKey
+from kvstore.tier import FreeSlots
 
 
 class _NumpySlab:
@@ -55,16 +56,14 @@ class SlabTier:
         self.capacity_blocks = capacity_bytes // block_nbytes
         self._block_nbytes = block_nbytes
         self._slab = slab_factory(self.capacity_blocks, block_nbytes)
-        self._free_slots = list(range(self.capacity_blocks - 1, -1, -1))  # pop() hands out slot 0 first
+        self._free_slots = FreeSlots(name, self.capacity_blocks)
 
     @property
     def num_free(self) -> int:
         return len(self._free_slots)
 
     def allocate(self, num_blocks: int) -> list[int]:
-        if num_blocks > len(self._free_slots):
-            raise ValueError(f"{self.name}: {num_blocks} slots asked, {len(self._free_slots)} free")
-        return [self._free_slots.pop() for _ in range(num_blocks)]
+        return self._free_slots.take(num_blocks)
 
     def write_many(self, handles: Sequence[int], keys: Sequence[BlockKey], rows: np.ndarray,
                    checksums: Sequence[int]) -> None:
@@ -76,7 +75,7 @@ class SlabTier:
         self._slab.read(list(handles), out)
 
     def free(self, handle: int) -> None:
-        self._free_slots.append(handle)
+        self._free_slots.give_back(handle)
 
     def recovered(self) -> Iterator[tuple[BlockKey, object, int]]:
         return iter(())

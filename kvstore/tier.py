@@ -6,7 +6,7 @@ so n blocks cost one large copy (or one vectored write and one fsync), not n sma
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -55,3 +55,22 @@ def contiguous_runs(handles: Sequence[int]) -> Iterator[tuple[int, int, int]]:
         if i == len(handles) or handles[i] != handles[i - 1] + 1:
             yield start, handles[start], i - start
             start = i
+
+
+class FreeSlots:
+    """A tier's free slot numbers; hands out the lowest first (pop from the end of a descending list)."""
+
+    def __init__(self, tier_name: str, capacity_blocks: int, used: Collection[int] = ()) -> None:
+        self._tier_name = tier_name
+        self._free = [slot for slot in range(capacity_blocks - 1, -1, -1) if slot not in used]
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+    def take(self, num_blocks: int) -> list[int]:
+        if num_blocks > len(self._free):
+            raise ValueError(f"{self._tier_name}: {num_blocks} slots asked, {len(self._free)} free")
+        return [self._free.pop() for _ in range(num_blocks)]
+
+    def give_back(self, slot: int) -> None:
+        self._free.append(slot)
