@@ -163,12 +163,15 @@ def run_system(system: System, model_dir: Path, workloads: list[Workload], log_d
 
 
 def merged(earlier: dict, now: dict) -> dict:
-    """`now` plus the systems only `earlier` ran (a system run again replaces its earlier rows)."""
-    kept_systems = {name: spec for name, spec in earlier["systems"].items() if name not in now["systems"]}
-    kept_rows = [row for row in earlier["rows"] if row["system"] in kept_systems]
-    return {**now, "systems": {**kept_systems, **now["systems"]}, "rows": kept_rows + now["rows"],
+    """`now` plus what only `earlier` has: a system's workload run again replaces that system's
+    earlier rows of it; its other workloads and the other systems keep theirs."""
+    rerun = {(row["system"], row["workload"]) for row in now["rows"]}
+    kept_rows = [row for row in earlier["rows"] if (row["system"], row["workload"]) not in rerun]
+    workloads = {w["name"]: w for w in earlier["workloads"]} | {w["name"]: w for w in now["workloads"]}
+    return {**now, "systems": {**earlier["systems"], **now["systems"]}, "workloads": list(workloads.values()),
+            "rows": kept_rows + now["rows"],
             "earlier_runs": [*earlier.get("earlier_runs", []), {"machine": earlier["machine"],
-                                                                 "systems": sorted(kept_systems)}]}
+                                                                 "systems": sorted({r["system"] for r in kept_rows})}]}
 
 
 def machine() -> dict:
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replot", action="store_true",
                         help="run nothing: rewrite the plots and the report's tables from the profile's JSON")
     parser.add_argument("--fresh", action="store_true",
-                        help="drop the systems not run now from the results (default: keep their earlier rows)")
+                        help="drop the earlier results (default: keep the rows of systems and workloads not run now)")
     args = parser.parse_args(argv)
     model_dir = ensure_llama(Path(args.model))
     workloads = [w for w in PROFILES[args.profile] if not args.workloads or w.name in args.workloads.split(",")]

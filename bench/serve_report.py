@@ -83,8 +83,12 @@ def tables_markdown(results: dict) -> str:
                   "", "| system | " + workload["load"] + " | out tok/s | TTFT p50 / p90 / p99 ms | TPOT p50 / p99 ms "
                   "| ITL p99 ms | goodput req/s | in SLO |", "|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            if not r.get("completed"):
+                lines.append(f"| {r['system']} | {r['point']:g} | every request failed | - | - | - | 0.00 | 0% |")
+                continue
+            failed = f" ({r['failed']} failed)" if r.get("failed") else ""
             lines.append(
-                f"| {r['system']} | {r['point']:g} | {_fmt(r['output_throughput'])} | "
+                f"| {r['system']}{failed} | {r['point']:g} | {_fmt(r['output_throughput'])} | "
                 f"{_fmt(r['ttft_ms']['50'])} / {_fmt(r['ttft_ms']['90'])} / {_fmt(r['ttft_ms']['99'])} | "
                 f"{_fmt(r['tpot_ms']['50'])} / {_fmt(r['tpot_ms']['99'])} | {_fmt(r['itl_ms']['99'])} | "
                 f"{r['request_goodput']:.2f} | {r['slo_attainment']:.0%} |")

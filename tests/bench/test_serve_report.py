@@ -1,6 +1,6 @@
 """bench.serve's report: goodput as DistServe defines it, tables, and the report's generated block."""
 
-from bench.serve_report import best_goodput, best_goodput_under, under_slo, write_report_tables
+from bench.serve_report import best_goodput, best_goodput_under, tables_markdown, under_slo, write_report_tables
 
 
 def _row(system: str, point: float, goodput: float, attainment: float, load: str = "rate",
@@ -9,7 +9,7 @@ def _row(system: str, point: float, goodput: float, attainment: float, load: str
     return {"system": system, "workload": "long", "load": load, "point": point, "output_throughput": 100.0,
             "request_goodput": goodput, "slo_attainment": attainment, "ttft_ms": percentiles,
             "tpot_ms": percentiles, "itl_ms": percentiles, "e2el_ms": percentiles, "duration": 10.0,
-            "requests": requests or []}
+            "requests": requests or [], "completed": 40, "failed": 0}
 
 
 def _results(rows: list[dict]) -> dict:
@@ -38,7 +38,15 @@ def test_the_generated_block_is_replaced_and_the_text_around_it_kept(tmp_path):
     assert "| pdmesh | 0 | 1.00 |" in text  # no rate met the SLO for 90% of requests
 
 
-def test_a_run_of_some_systems_keeps_the_rows_of_the_others():
+def test_failed_requests_are_shown_not_hidden_as_zeros():
+    dead = {**_row("vllm-disagg", 4.0, 0.0, 0.0), "completed": 0, "failed": 40}
+    partly = {**_row("vllm-disagg", 2.0, 1.0, 0.5), "completed": 30, "failed": 10}
+    text = tables_markdown(_results([partly, dead]))
+    assert "| vllm-disagg | 4 | every request failed | - | - | - | 0.00 | 0% |" in text
+    assert "| vllm-disagg (10 failed) | 2 | 100 |" in text
+
+
+def test_a_run_of_some_systems_or_workloads_keeps_the_rows_of_the_others():
     from bench.serve import merged
 
     earlier = _results([_row("vllm", 3.0, 2.8, 1.0), _row("pdmesh", 3.0, 1.0, 0.5)])
@@ -48,6 +56,12 @@ def test_a_run_of_some_systems_keeps_the_rows_of_the_others():
     assert [(r["system"], r["request_goodput"]) for r in result["rows"]] == [("vllm", 2.8), ("pdmesh", 2.0)]
     assert list(result["systems"]) == ["vllm", "pdmesh"]
     assert result["earlier_runs"][0]["systems"] == ["vllm"]
+    other = _results([{**_row("pdmesh", 1.0, 0.5, 0.5), "workload": "other"}])
+    other["systems"], other["workloads"] = {"pdmesh": {}}, [{"name": "other"}]
+    again = merged(result, other)
+    assert [(r["system"], r["workload"]) for r in again["rows"]] == [("vllm", "long"), ("pdmesh", "long"),
+                                                                     ("pdmesh", "other")]
+    assert [w["name"] for w in again["workloads"]] == ["long", "other"]
 
 
 def test_goodput_under_another_slo_is_counted_from_each_requests_figures():
