@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -76,3 +78,23 @@ def test_the_journal_is_rewritten_when_it_grows_and_still_replays(tmp_path, monk
     tier.close()
     reopened = DiskTier(tmp_path, 2 * BLOCK_NBYTES, BLOCK_NBYTES)
     assert [(key, checksum) for key, _, checksum in reopened.recovered()] == [(k[-1], 49)]
+
+
+def test_page_sized_slots_are_written_with_o_direct_and_read_back_after_a_restart(tmp_path):
+    block_nbytes = 8192
+    rows = np.random.default_rng(3).integers(0, 255, (3, block_nbytes), dtype=np.uint8)
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+    except OSError:
+        pytest.skip("this file system refuses O_DIRECT (tmpfs): the tier writes through the page cache there")
+    (tmp_path / "probe").unlink()
+    tier = DiskTier(tmp_path, 4 * block_nbytes, block_nbytes)
+    assert tier.writes_direct  # a 64-byte slot never is
+    tier.write_many(tier.allocate(3), keys(3), rows, [1, 2, 3])
+    tier.close()
+    reopened = DiskTier(tmp_path, 4 * block_nbytes, block_nbytes)
+    assert [slot for _, slot, _ in reopened.recovered()] == [0, 1, 2]
+    out = np.empty_like(rows)
+    reopened.read_many([0, 1, 2], out)
+    assert np.array_equal(out, rows)
+    assert not DiskTier(tmp_path / "small", 4 * BLOCK_NBYTES, BLOCK_NBYTES).writes_direct
