@@ -7,7 +7,7 @@ Monolithic vLLM (its OpenAI server, one engine on both cores), then pdmesh (`pdm
 gateway + prefill on core 0 + decode on core 1; its OpenAI API for TTFT, like vLLM's, and the same
 prompts over gRPC afterwards for the per-request transfer figures: the decode's KV pull and its
 first block). Fresh prompts for every request, so no prefix cache helps. Medians and ratios;
-writes bench/report/idle_ttft.json and .png.
+writes bench/report/idle_ttft.json and .png (`--out` names another pair).
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=2000)
     parser.add_argument("--output-len", type=int, default=8)
+    parser.add_argument("--worker-args", default="", help="extra flags for pdmesh's workers, space-separated")
+    parser.add_argument("--skip-vllm", action="store_true", help="pdmesh only (vLLM's figures stay 0)")
+    parser.add_argument("--out", default="idle_ttft", help="name of the JSON and PNG in bench/report")
     args = parser.parse_args()
     model_dir = ensure_llama(DEFAULT_MODEL_DIR)
     prompts = iter(random_prompts(3 * args.requests + 3, args.prompt_len, seed=4242))
@@ -79,11 +82,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as work:
         log_dir = Path(work)
-        with monolithic_vllm(System("vllm", "vllm", cores="0-1"), model_dir, log_dir) as base_url:
-            asyncio.run(_http_ttft(base_url, [next(prompts)], args.output_len))  # warm-up
-            vllm = asyncio.run(_http_ttft(base_url, batch(), args.output_len))
+        vllm = [0.0]
+        if not args.skip_vllm:
+            with monolithic_vllm(System("vllm", "vllm", cores="0-1"), model_dir, log_dir) as base_url:
+                asyncio.run(_http_ttft(base_url, [next(prompts)], args.output_len))  # warm-up
+                vllm = asyncio.run(_http_ttft(base_url, batch(), args.output_len))
         with LocalCluster(model_dir, log_dir / "pdmesh", gateway_args=["--http_port", "0"],
-                          store_dir=log_dir / "store") as cluster:  # what bench.serve's `pdmesh` runs
+                          worker_args=args.worker_args.split(), store_dir=log_dir / "store") as cluster:  # what bench.serve's `pdmesh` runs
             base_url, grpc_address = f"http://{cluster.http_address}", cluster.gateway_address
             asyncio.run(_http_ttft(base_url, [next(prompts)], args.output_len))  # warm-up
             pdmesh = asyncio.run(_http_ttft(base_url, batch(), args.output_len))
@@ -93,11 +98,11 @@ def main() -> None:
                "pdmesh_pull_ms": _median_ms([t["pull_s"] for t in transfers]),
                "pdmesh_first_block_ms": _median_ms([t["first_block_s"] for t in transfers])}
     results = {"workload": vars(args), "medians": medians,
-               "ratio_pdmesh_over_vllm": medians["pdmesh_ttft_ms"] / medians["vllm_ttft_ms"],
+               "ratio_pdmesh_over_vllm": medians["pdmesh_ttft_ms"] / max(medians["vllm_ttft_ms"], 1e-9),
                "vllm_ttft_s": vllm, "pdmesh_ttft_s": pdmesh, "pdmesh_transfers": transfers}
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    (REPORT_DIR / "idle_ttft.json").write_text(json.dumps(results, indent=1))
-    plot_bars("idle_ttft", [(f"idle TTFT p50, {args.prompt_len}-token prompts (ms)", {
+    (REPORT_DIR / f"{args.out}.json").write_text(json.dumps(results, indent=1))
+    plot_bars(args.out, [(f"idle TTFT p50, {args.prompt_len}-token prompts (ms)", {
         "vLLM": medians["vllm_ttft_ms"], "pdmesh": medians["pdmesh_ttft_ms"],
         "pdmesh: KV pull": medians["pdmesh_pull_ms"]})], out_dir=REPORT_DIR)
     print("idle TTFT p50: " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items())

@@ -31,6 +31,7 @@ from pdmesh.config import StoreSettings, TelemetrySettings
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError, WorkerFailed
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
 from pdmesh.transport.affinity import all_cores, widen_affinity
+from pdmesh.transport.chunking import rows_of
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
@@ -217,21 +218,36 @@ class ConnectorWorker:
         return stats
 
     def _pull_into_cache(self, task: RecvTask, stats: TransferStats) -> None:
-        """Counts into `stats` as blocks land, so a failure part-way keeps the prefix that arrived."""
+        """Counts into `stats` as blocks land, so a failure part-way keeps the prefix that arrived.
+        Each message's blocks land with one scatter per layer: every torch call drops and retakes
+        the GIL, which this process's model runner holds most of the time."""
         expected = chain_block_hashes(fingerprint_seed(self.compat), task.token_ids, self._block_size,
                                       include_partial=True)
         local_by_index = dict(zip(task.block_indexes, task.local_block_ids))
         started = time.perf_counter()
-        for block in self._receiver.pull(task.kv_address, task.transfer_id, task.block_indexes):
+        for blocks in self._receiver.pull_runs(task.kv_address, task.transfer_id, task.block_indexes):
             if stats.num_blocks == 0:
                 stats.first_block_seconds = time.perf_counter() - started
-            if block.block_index != task.block_indexes[stats.num_blocks]:
-                raise WorkerFailed(f"block {block.block_index} arrived out of order")
+            error = self._first_wrong(blocks, task, expected, stats.num_blocks)
+            good = blocks if error is None else blocks[:error[0]]
+            if good:  # the blocks before a wrong one still land
+                rows = rows_of(blocks)[:len(good)]
+                self._paged.write_blocks([local_by_index[b.block_index] for b in good], torch.from_numpy(rows))
+                stats.num_blocks += len(good)
+                stats.num_bytes += rows.nbytes
+            if error is not None:
+                raise error[1]
+
+    @staticmethod
+    def _first_wrong(blocks, task: RecvTask, expected: list[bytes], num_before: int):
+        """(offset, error) of the first block out of order or holding other tokens; None if all fit."""
+        for offset, block in enumerate(blocks):
+            if block.block_index != task.block_indexes[num_before + offset]:
+                return offset, WorkerFailed(f"block {block.block_index} arrived out of order")
             if block.block_hash != expected[block.block_index]:
-                raise BlockHashMismatch(f"block {block.block_index} holds other tokens than request {task.request_id}")
-            self._paged.write_block(local_by_index[block.block_index], block.payload)
-            stats.num_blocks += 1
-            stats.num_bytes += len(block.payload)
+                return offset, BlockHashMismatch(
+                    f"block {block.block_index} holds other tokens than request {task.request_id}")
+        return None
 
     def _release(self, task: RecvTask) -> None:
         try:

@@ -157,18 +157,38 @@ class BlockAssembler:
         return block
 
 
-def receive_blocks(chunks: Iterable[kv_transfer_pb2.KVChunk], max_block_nbytes: int, num_expected: int,
-                   what: str) -> Iterator[AssembledBlock]:
-    """Yields verified blocks from a chunk stream; raises a domain error on any failure,
-    including a stream that ended before `num_expected` blocks."""
+def receive_runs(chunks: Iterable[kv_transfer_pb2.KVChunk], max_block_nbytes: int, num_expected: int,
+                 what: str) -> Iterator[list[AssembledBlock]]:
+    """Yields verified blocks from a chunk stream, a message's worth at a time (a run, or the one
+    block its last piece completed); raises a domain error on any failure, including a stream that
+    ended before `num_expected` blocks."""
     assembler = BlockAssembler(max_block_nbytes)
     num_blocks = 0
     try:
         for chunk in chunks:
-            for block in assembler.add(chunk):
-                num_blocks += 1
-                yield block
+            blocks = assembler.add(chunk)
+            if blocks:
+                num_blocks += len(blocks)
+                yield blocks
     except grpc.RpcError as exc:
         raise error_from_rpc_error(exc) from exc
     if num_blocks != num_expected or assembler.in_progress:
         raise WorkerFailed(f"{what}: got {num_blocks} of {num_expected} blocks")
+
+
+def receive_blocks(chunks: Iterable[kv_transfer_pb2.KVChunk], max_block_nbytes: int, num_expected: int,
+                   what: str) -> Iterator[AssembledBlock]:
+    """receive_runs, one block at a time."""
+    for blocks in receive_runs(chunks, max_block_nbytes, num_expected, what):
+        yield from blocks
+
+
+def rows_of(blocks: list[AssembledBlock]) -> np.ndarray:
+    """The (n, block_nbytes) uint8 rows of what one message delivered (receive_runs), without a copy:
+    a run's blocks are back to back in one buffer."""
+    first = blocks[0].payload
+    base = first.obj if isinstance(first, memoryview) else first
+    rows = np.frombuffer(base, dtype=np.uint8).reshape(len(blocks), -1)
+    if rows.shape[1] != len(first):
+        raise ValueError(f"blocks of {len(first)} bytes are not one run of {len(blocks)}")
+    return rows

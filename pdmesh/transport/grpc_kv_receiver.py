@@ -8,7 +8,7 @@ import grpc
 
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.channels import ChannelCache
-from pdmesh.transport.chunking import AssembledBlock, receive_blocks
+from pdmesh.transport.chunking import AssembledBlock, receive_runs
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 
@@ -20,10 +20,16 @@ class GrpcKVReceiver:
 
     def pull(self, address: str, transfer_id: str, block_indexes: Sequence[int]) -> Iterator[AssembledBlock]:
         """Yields verified blocks in the order asked; raises a domain error on any failure."""
+        for blocks in self.pull_runs(address, transfer_id, block_indexes):
+            yield from blocks
+
+    def pull_runs(self, address: str, transfer_id: str,
+                  block_indexes: Sequence[int]) -> Iterator[list[AssembledBlock]]:
+        """pull, a message's worth of blocks at a time (chunking.rows_of gives their rows)."""
         request = kv_transfer_pb2.PullRequest(
             transfer_id=transfer_id, block_indexes=list(block_indexes), compat=self._compat)
         chunks = self._stub(address).Pull(request, timeout=self._timeout_s)
-        yield from receive_blocks(chunks, self._compat.block_nbytes, len(block_indexes), f"transfer {transfer_id}")
+        yield from receive_runs(chunks, self._compat.block_nbytes, len(block_indexes), f"transfer {transfer_id}")
 
     def release(self, address: str, transfer_id: str) -> None:
         try:

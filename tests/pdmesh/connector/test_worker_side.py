@@ -10,6 +10,7 @@ from pdmesh.config import TelemetrySettings
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
 from pdmesh.connector.worker_side import ConnectorWorker
 from pdmesh.errors import ChecksumMismatch
+from pdmesh.transport.chunking import AssembledBlock
 
 BLOCK_SIZE, NUM_BLOCKS = 32, 8
 TOKENS = list(range(3, 3 + 80))  # 3 blocks, the last one partial
@@ -84,9 +85,9 @@ class _BreaksAfterOneBlock:
         self._real = real
         self.released: list[str] = []
 
-    def pull(self, address, transfer_id, block_indexes):
-        blocks = self._real.pull(address, transfer_id, block_indexes)
-        yield next(blocks)
+    def pull_runs(self, address, transfer_id, block_indexes):
+        first = next(self._real.pull(address, transfer_id, block_indexes))
+        yield [AssembledBlock(first.block_index, bytearray(first.payload), first.block_hash)]  # a message of one
         raise ChecksumMismatch("block 1: checksum 0x1 != sent 0x2")
 
     def release(self, address, transfer_id):

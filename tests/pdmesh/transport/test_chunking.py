@@ -3,7 +3,7 @@ import pytest
 
 from pdmesh.errors import ChecksumMismatch, InvalidRequest
 from pdmesh.transport.checksum import block_checksum
-from pdmesh.transport.chunking import BlockAssembler, iter_block_chunks, iter_chunks
+from pdmesh.transport.chunking import BlockAssembler, iter_block_chunks, iter_chunks, receive_runs, rows_of
 
 
 def _payload(nbytes: int) -> bytes:
@@ -105,3 +105,17 @@ def test_a_run_with_a_flipped_bit_or_a_wrong_length_is_rejected():
     chunk.data = bytes(data)
     with pytest.raises(ChecksumMismatch, match="block 1: checksum"):
         BlockAssembler(max_block_nbytes=1000).add(chunk)
+
+
+def test_receive_runs_yields_each_message_s_blocks_and_their_rows_without_a_copy():
+    rows = _rows(5, 1000)
+    chunks = list(iter_chunks([0, 1, 2, 3, 4], rows, [b""] * 5, chunk_nbytes=2000))
+    chunks += list(iter_block_chunks(5, _payload(1000), b"", chunk_nbytes=600))  # a block in pieces
+    runs = list(receive_runs(chunks, 1000, 6, "test"))
+    assert [[b.block_index for b in run] for run in runs] == [[0, 1], [2, 3], [4], [5]]
+    assert np.array_equal(rows_of(runs[1]), rows[2:4])
+    rows_of(runs[0])[0, 0] ^= 1  # a view of the blocks' own (writable) buffer
+    assert runs[0][0].payload[0] == rows[0, 0] ^ 1
+    assert bytes(rows_of(runs[3])) == _payload(1000)
+    with pytest.raises(ValueError, match="not one run"):
+        rows_of(runs[0][:1])
