@@ -31,7 +31,7 @@ import xxhash
 
 from kvstore.block_hash import HASH_NBYTES
 from kvstore.block_key import BlockKey
-from kvstore.tier import FreeSlots, contiguous_runs
+from kvstore.tier import FreeSlots, check_rows, contiguous_runs
 
 logger = logging.getLogger(__name__)
 
@@ -171,8 +171,7 @@ class DiskTier:
 
     def write_many(self, handles: Sequence[int], keys: Sequence[BlockKey], rows: np.ndarray,
                    checksums: Sequence[int]) -> None:
-        if rows.shape != (len(handles), self._block_nbytes):
-            raise ValueError(f"nvme: rows of shape {rows.shape}, slots hold {self._block_nbytes} bytes")
+        check_rows("nvme", rows, len(handles), self._block_nbytes)
         for start, slot, count in contiguous_runs(handles):
             run, offset = rows[start:start + count], slot * self._block_nbytes
             if self._direct is not None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvstore.block_key import BlockKey
-from kvstore.tier import FreeSlots
+from kvstore.tier import FreeSlots, check_rows
 
 
 class _NumpySlab:
@@ -67,8 +67,7 @@ class SlabTier:
 
     def write_many(self, handles: Sequence[int], keys: Sequence[BlockKey], rows: np.ndarray,
                    checksums: Sequence[int]) -> None:
-        if rows.shape != (len(handles), self._block_nbytes):
-            raise ValueError(f"{self.name}: rows of shape {rows.shape}, slots hold {self._block_nbytes} bytes")
+        check_rows(self.name, rows, len(handles), self._block_nbytes)
         self._slab.write(list(handles), rows)
 
     def read_many(self, handles: Sequence[int], out: np.ndarray) -> None:

@@ -74,3 +74,9 @@ class FreeSlots:
 
     def give_back(self, slot: int) -> None:
         self._free.append(slot)
+
+
+def check_rows(tier_name: str, rows: np.ndarray, num_blocks: int, block_nbytes: int) -> None:
+    """A write's rows must be one whole slot each."""
+    if rows.shape != (num_blocks, block_nbytes):
+        raise ValueError(f"{tier_name}: rows of shape {rows.shape} for {num_blocks} slots of {block_nbytes} bytes")
