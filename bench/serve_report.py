@@ -15,11 +15,22 @@ PANELS = (("TTFT p50 (ms)", lambda r: r["ttft_ms"]["50"]), ("TTFT p90 (ms)", lam
 TIGHT_SLO = {"ttft_ms": 1000.0, "tpot_ms": 25.0}
 
 
+def _num_sent(row: dict) -> int:
+    return (row.get("completed") or 0) + (row.get("failed") or 0)
+
+
+def share_in_slo(row: dict) -> float:
+    """Share of the requests sent (a failed one is not in SLO) that met the run's SLO."""
+    sent = _num_sent(row)
+    return row["slo_attainment"] * (row.get("completed") or 0) / sent if sent else row["slo_attainment"]
+
+
 def under_slo(row: dict, slo: dict) -> tuple[float, float]:
-    """(goodput req/s, share of requests in SLO) of one point, from its per-request [TTFT, TPOT, ITL] ms."""
+    """(goodput req/s, share of requests sent in SLO) of one point, from its per-request [TTFT, TPOT, ITL] ms."""
     requests = row.get("requests") or []
     good = sum(1 for ttft, tpot, _ in requests if ttft <= slo["ttft_ms"] and tpot <= slo["tpot_ms"])
-    return (good / row["duration"] if row.get("duration") else 0.0), (good / len(requests) if requests else 0.0)
+    sent = max(_num_sent(row), len(requests))
+    return (good / row["duration"] if row.get("duration") else 0.0), (good / sent if sent else 0.0)
 
 
 def best_goodput_under(rows: list[dict], slo: dict, min_attainment: float = 0.9) -> tuple[float, float]:
@@ -31,7 +42,7 @@ def best_goodput_under(rows: list[dict], slo: dict, min_attainment: float = 0.9)
 
 def best_goodput(rows: list[dict], min_attainment: float = 0.9) -> tuple[float, float]:
     """(highest offered rate with >= min_attainment of requests in SLO, best measured goodput req/s)."""
-    good_rates = [r["point"] for r in rows if r["load"] == "rate" and r["slo_attainment"] >= min_attainment]
+    good_rates = [r["point"] for r in rows if r["load"] == "rate" and share_in_slo(r) >= min_attainment]
     return (max(good_rates) if good_rates else 0.0), max((r["request_goodput"] or 0.0) for r in rows)
 
 
@@ -50,7 +61,7 @@ def write_plots(results: dict, out_dir: Path) -> list[Path]:
         axes.flat[-1].axis("off")
         for ax, (title, value) in zip(axes.flat, PANELS):
             for system in results["systems"]:
-                points = sorted((r["point"], value(r)) for r in rows if r["system"] == system)
+                points = sorted((r["point"], value(r)) for r in rows if r["system"] == system and r.get("completed"))
                 if points:
                     ax.plot(*zip(*points), marker="o", label=system)
             ax.set_title(title)
@@ -91,7 +102,7 @@ def tables_markdown(results: dict) -> str:
                 f"| {r['system']}{failed} | {r['point']:g} | {_fmt(r['output_throughput'])} | "
                 f"{_fmt(r['ttft_ms']['50'])} / {_fmt(r['ttft_ms']['90'])} / {_fmt(r['ttft_ms']['99'])} | "
                 f"{_fmt(r['tpot_ms']['50'])} / {_fmt(r['tpot_ms']['99'])} | {_fmt(r['itl_ms']['99'])} | "
-                f"{r['request_goodput']:.2f} | {r['slo_attainment']:.0%} |")
+                f"{r['request_goodput']:.2f} | {share_in_slo(r):.0%} |")
         if workload["load"] == "rate":
             tight = f"TTFT <= {TIGHT_SLO['ttft_ms']:g} ms, TPOT <= {TIGHT_SLO['tpot_ms']:g} ms"
             lines += ["", f"| system | highest rate with >= 90% in SLO | best goodput req/s | same under {tight} |",

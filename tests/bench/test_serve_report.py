@@ -9,7 +9,7 @@ def _row(system: str, point: float, goodput: float, attainment: float, load: str
     return {"system": system, "workload": "long", "load": load, "point": point, "output_throughput": 100.0,
             "request_goodput": goodput, "slo_attainment": attainment, "ttft_ms": percentiles,
             "tpot_ms": percentiles, "itl_ms": percentiles, "e2el_ms": percentiles, "duration": 10.0,
-            "requests": requests or [], "completed": 40, "failed": 0}
+            "requests": requests or [], "completed": len(requests) if requests else 40, "failed": 0}
 
 
 def _results(rows: list[dict]) -> dict:
@@ -44,6 +44,13 @@ def test_failed_requests_are_shown_not_hidden_as_zeros():
     text = tables_markdown(_results([partly, dead]))
     assert "| vllm-disagg | 4 | every request failed | - | - | - | 0.00 | 0% |" in text
     assert "| vllm-disagg (10 failed) | 2 | 100 |" in text
+    assert text.count("| 1.00 | 38% |") == 1  # 50% of the 30 completed = 38% of the 40 sent
+
+
+def test_a_point_where_most_requests_failed_is_not_in_slo():
+    few = {**_row("vllm-disagg", 1.0, 0.1, 1.0, requests=[[10.0, 10.0, 10.0]] * 4), "completed": 4, "failed": 28}
+    assert best_goodput([few]) == (0.0, 0.1)
+    assert best_goodput_under([few], {"ttft_ms": 1000.0, "tpot_ms": 25.0})[0] == 0.0
 
 
 def test_a_run_of_some_systems_or_workloads_keeps_the_rows_of_the_others():
