@@ -276,8 +276,7 @@ class TieredBlockStore:
             self._detach(entry)
         moving = [i for i, ok in enumerate(readable) if ok]
         for entry in (entries[i] for i, ok in enumerate(readable) if not ok):  # unreadable: nothing to move
-            self._entries.pop(entry.key.block_hash, None)
-            work.events.append(BlockDropped(entry.key.block_hash))
+            self._forget(entry, work.events)
         self._place(to_tier, [entries[i] for i in moving], rows[moving], work)
 
     def _promote(self, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
@@ -303,8 +302,7 @@ class TieredBlockStore:
             if self._make_room(old_tier, 1, work):
                 self._place(old_tier, [entry], row[None], work)
             else:
-                self._entries.pop(entry.key.block_hash, None)
-                work.events.append(BlockDropped(entry.key.block_hash))
+                self._forget(entry, work.events)
 
     def _place(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
         """Puts blocks (room made) into `tier`: written now in memory, after the lock on disk."""
@@ -332,11 +330,16 @@ class TieredBlockStore:
         del self._lru[entry.tier][entry.key.block_hash]
 
     def _drop(self, block_hash: bytes, events: list[StoreEvent]) -> None:
-        entry = self._entries.pop(block_hash, None)
+        entry = self._entries.get(block_hash)
         if entry is None:
             return
         self._detach(entry)
-        events.append(BlockDropped(block_hash))
+        self._forget(entry, events)
+
+    def _forget(self, entry: _Entry, events: list[StoreEvent]) -> None:
+        """Takes a detached entry out of the store and says so."""
+        del self._entries[entry.key.block_hash]
+        events.append(BlockDropped(entry.key.block_hash))
 
     def _recover(self) -> None:
         for index, tier in enumerate(self._tiers):

@@ -11,7 +11,7 @@ from kvstore.prefix_lookup import BlockSource
 from kvstore.service import ref_of
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.channels import ChannelCache
-from pdmesh.transport.chunking import AssembledBlock, receive_blocks
+from pdmesh.transport.chunking import AssembledBlock, receive_runs
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc
 
 
@@ -35,9 +35,14 @@ class GrpcStoreClient:
     def fetch(self, address: str, keys: Sequence[BlockKey]) -> Iterator[AssembledBlock]:
         """Verified blocks in the order asked (block_index = position in `keys`); raises a domain
         error at the first block the node does not hold, after the ones before it."""
+        for blocks in self.fetch_runs(address, keys):
+            yield from blocks
+
+    def fetch_runs(self, address: str, keys: Sequence[BlockKey]) -> Iterator[list[AssembledBlock]]:
+        """fetch, a message's worth of blocks at a time (chunking.rows_of gives their rows)."""
         request = kv_store_pb2.FetchRequest(compat=self._compat, blocks=[ref_of(key) for key in keys])
         chunks = self._stub(address).Fetch(request, timeout=self._timeout_s)
-        yield from receive_blocks(chunks, self._compat.block_nbytes, len(keys), f"fetch from {address}")
+        yield from receive_runs(chunks, self._compat.block_nbytes, len(keys), f"fetch from {address}")
 
     def close(self) -> None:
         self._channels.close()

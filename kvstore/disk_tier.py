@@ -150,6 +150,7 @@ class DiskTier:
         self._journal_lock = threading.Lock()
         self._remove_debris()
         self._live = replay_journal(self._journal_path, block_nbytes, self.capacity_blocks)
+        self._live_nbytes = sum(len(entry.record) for entry in self._live.values())  # kept as records come and go
         self._recovered = list(self._live.items())
         self._slab_fd = os.open(self.directory / SLAB_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         os.ftruncate(self._slab_fd, self.capacity_blocks * block_nbytes)
@@ -188,6 +189,7 @@ class DiskTier:
                 os.fdatasync(self._journal_fd)
             for (slot, record), key, checksum in zip(records.items(), keys, checksums):
                 self._live[slot] = JournalEntry(key, checksum, record)
+                self._live_nbytes += len(record)
             self._compact_if_grown()
 
     def read_many(self, handles: Sequence[int], out: np.ndarray) -> None:
@@ -198,7 +200,8 @@ class DiskTier:
 
     def free(self, handle: int) -> None:
         with self._journal_lock:
-            self._live.pop(handle, None)
+            freed = self._live.pop(handle, None)
+            self._live_nbytes -= len(freed.record) if freed else 0
             _write_all(self._journal_fd, _record(_FREE, handle))  # durable with the next commit
         self._free_slots.give_back(handle)
 
@@ -219,8 +222,7 @@ class DiskTier:
 
     # ---- journal upkeep ----
     def _compact_if_grown(self) -> None:
-        live_nbytes = sum(len(entry.record) for entry in self._live.values())
-        if os.fstat(self._journal_fd).st_size > 2 * live_nbytes + _COMPACT_MIN_BYTES:
+        if os.fstat(self._journal_fd).st_size > 2 * self._live_nbytes + _COMPACT_MIN_BYTES:
             self._rewrite_journal()
 
     def _rewrite_journal(self) -> None:

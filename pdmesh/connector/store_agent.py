@@ -27,6 +27,7 @@ from pdmesh.compat import fingerprint_seed
 from pdmesh.config import StoreSettings
 from pdmesh.connector.metadata import SendTask, StoreLoadTask
 from pdmesh.errors import BlockHashMismatch, TransferNotFound
+from pdmesh.transport.chunking import rows_of
 from pdmesh.transport.grpc_kv_server import ExtraService
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
 
@@ -148,12 +149,18 @@ class StoreAgent:
                     raise TransferNotFound(f"block {batch[len(tiers)][0].block_hash.hex()} left the store or was corrupt")
                 self._check_budget(deadline)
             return
-        for block in self._client.fetch(node, [key for key, _ in run]):
-            key, local_id = run[block.block_index]
-            if block.block_hash != key.block_hash:
-                raise BlockHashMismatch(f"{node} sent block {block.block_hash.hex()} for {key.block_hash.hex()}")
-            write_blocks([local_id], torch.frombuffer(block.payload, dtype=torch.uint8).view(1, -1))
-            self._count(stats, REMOTE, len(block.payload))
+        for blocks in self._client.fetch_runs(node, [key for key, _ in run]):  # one scatter per message
+            num_good = next((i for i, b in enumerate(blocks) if b.block_hash != run[b.block_index][0].block_hash),
+                            len(blocks))
+            if num_good:  # the blocks before a wrong one still land
+                write_blocks([run[b.block_index][1] for b in blocks[:num_good]],
+                             torch.from_numpy(rows_of(blocks)[:num_good]))
+                for block in blocks[:num_good]:
+                    self._count(stats, REMOTE, len(block.payload))
+            if num_good < len(blocks):
+                wrong = blocks[num_good]
+                raise BlockHashMismatch(f"{node} sent block {wrong.block_hash.hex()} for "
+                                        f"{run[wrong.block_index][0].block_hash.hex()}")
             self._check_budget(deadline)
 
     def _load_buffer(self) -> np.ndarray:

@@ -56,7 +56,7 @@ def iter_chunks(block_indexes: Sequence[int], rows: np.ndarray, block_hashes: Se
     """The chunks of blocks whose bytes are `rows` ((n, block_nbytes) uint8): runs of whole blocks
     while two or more fit in a chunk, pieces of each block otherwise."""
     block_nbytes = rows.shape[1]
-    per_chunk = chunk_nbytes // block_nbytes
+    per_chunk = blocks_per_chunk(block_nbytes, chunk_nbytes)
     if per_chunk < 2:
         for index, row, block_hash in zip(block_indexes, rows, block_hashes):
             yield from iter_block_chunks(index, row, block_hash, chunk_nbytes)

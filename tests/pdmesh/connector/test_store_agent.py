@@ -167,3 +167,20 @@ def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers, mo
     assert (stats["num_blocks"], stats["num_failed_blocks"], stats["cut"]) == (1, 1, True)
     assert a.take_failed_block_ids() == {1}
     assert a.counters()["kv_store_loads_cut"] == 1
+
+
+def test_a_node_that_sends_another_block_than_asked_keeps_the_prefix_before_it(producers):
+    a, b = producers
+    _save(a, [5, 2, 7])
+    real_fetch_runs = b.store._client.fetch_runs
+
+    def second_block_mislabeled(address, keys):
+        for blocks in real_fetch_runs(address, keys):
+            blocks[1].block_hash = b"\x00" * len(blocks[1].block_hash)  # both blocks arrive in one message
+            yield blocks
+
+    b.store._client.fetch_runs = second_block_mislabeled
+    stats = _load(b, [a.store.index.node] * 2, [3, 4])
+    assert _same_block(b, 3, a, 5)
+    assert (stats["tokens_by_tier"], stats["num_failed_blocks"]) == ({"remote": 32}, 1)
+    assert b.take_failed_block_ids() == {4}
