@@ -15,7 +15,6 @@ from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
 from pdmesh.validation import check_prompt, check_sampling
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
-TRANSPORT = "grpc"
 logger = logging.getLogger(__name__)
 
 
@@ -74,12 +73,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             self._record_transfer(stats, len(request.prompt_token_ids))
 
     def _record_transfer(self, stats: dict, num_prompt_tokens: int) -> None:
-        role, m = self._metrics.role, self._metrics
-        m.kv_bytes.labels(role, "received", TRANSPORT).inc(stats["num_bytes"])
+        role, m, transport = self._metrics.role, self._metrics, stats["transport"] or "none"
+        m.kv_bytes.labels(role, "received", transport).inc(stats["num_bytes"])
         m.kv_failed_blocks.labels(role).inc(stats["num_failed_blocks"])
         if stats["num_bytes"] and stats["seconds"] > 0:
-            m.kv_gbps.labels(role, TRANSPORT).observe(stats["num_bytes"] / stats["seconds"] / 1e9)
-            m.kv_seconds.labels(role, TRANSPORT).observe(stats["seconds"])
+            m.kv_gbps.labels(role, transport).observe(stats["num_bytes"] / stats["seconds"] / 1e9)
+            m.kv_seconds.labels(role, transport).observe(stats["seconds"])
         m.cache_query_tokens.labels(role).inc(num_prompt_tokens)
         m.cache_hit_tokens.labels(role, "device").inc(stats["num_local_tokens"])
         m.cache_hit_tokens.labels(role, "peer").inc(stats["num_reused_tokens"] - stats["num_local_tokens"])

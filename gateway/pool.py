@@ -22,8 +22,7 @@ from pdmesh.errors import Incompatible, NoWorkerAvailable
 from pdmesh.registry import RegistryWatcher, WorkerRecord
 from pdmesh.telemetry.grpc_client import client_span
 from pdmesh.tls import open_channel
-from pdmesh.transport.grpc_options import GRPC_OPTIONS
-from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 CLOSE_GRACE_S = 30.0  # a removed worker's channel waits this long for its calls to end
 
@@ -114,21 +113,21 @@ class WorkerPool:
     async def any_info(self) -> worker_pb2.WorkerInfoResponse:
         return (await self.candidates("decode"))[0].info
 
-    def release_kv_soon(self, handle: common_pb2.KVHandle) -> None:
+    def release_kv_soon(self, prefill: Worker | None, handle: common_pb2.KVHandle) -> None:
         """Frees a prefill's pinned blocks decode will not take, without waiting (works while cancelled)."""
-        if handle.transfer_id:
-            self._background.spawn(self.release_kv(handle))
+        if prefill is not None and handle.transfer_id:
+            self._background.spawn(self.release_kv(prefill, handle))
 
-    async def release_kv(self, handle: common_pb2.KVHandle) -> bool:
-        """Best effort; False when nothing was held (decode already released it) or prefill is gone."""
-        async with grpc.aio.insecure_channel(handle.kv_address, options=GRPC_OPTIONS) as channel:
-            try:
-                with client_span("/pdmesh.v1.KVTransfer/Release") as metadata:
-                    response = await kv_transfer_pb2_grpc.KVTransferStub(channel).Release(
-                        kv_transfer_pb2.ReleaseRequest(transfer_id=handle.transfer_id), timeout=self._info_timeout_s,
-                        metadata=metadata)
-            except grpc.aio.AioRpcError:
-                return False
+    async def release_kv(self, prefill: Worker, handle: common_pb2.KVHandle) -> bool:
+        """Best effort, through the prefill worker's own service (the KV port serves mesh peers only);
+        False when nothing was held (decode already released it) or prefill is gone."""
+        try:
+            with client_span("/pdmesh.v1.Prefill/Release") as metadata:
+                response = await worker_pb2_grpc.PrefillStub(prefill.channel).Release(
+                    worker_pb2.ReleaseKVRequest(transfer_id=handle.transfer_id), timeout=self._info_timeout_s,
+                    metadata=metadata)
+        except grpc.aio.AioRpcError:
+            return False
         return response.released
 
     async def close(self) -> None:

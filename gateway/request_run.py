@@ -142,7 +142,7 @@ class RequestRun:
             if not finished:
                 logger.info("request %s: attempt ended early, releasing transfer %s", state.request_id,
                             prefilled.kv.transfer_id)
-                self._pool.release_kv_soon(prefilled.kv)   # decode may never have pulled it
+                self._pool.release_kv_soon(prefill, prefilled.kv)   # decode may never have pulled it
 
     async def _pick_prefill(self, prompt: list[int]) -> Worker:
         workers = await self._pool.candidates("prefill", self._excluded)
@@ -203,7 +203,7 @@ class RequestRun:
             first = worker_pb2.DecodeResponse(token_ids=[prefilled.first_token_id], text=prefilled.first_text)
             if prefilled.finish_reason == common_pb2.FINISH_REASON_STOP or num_left == 1:
                 first.finish_reason = prefilled.finish_reason or common_pb2.FINISH_REASON_LENGTH
-                self._pool.release_kv_soon(prefilled.kv)   # no decode will pull it
+                self._pool.release_kv_soon(self.state.prefill, prefilled.kv)   # no decode will pull it
                 yield first
                 return
             yield first

@@ -137,6 +137,29 @@ class _FileSource(PydanticBaseSettingsSource):
         return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
 
 
+class KVFaultSettings(BaseModel):
+    """Fault injection for the tests and the fault benchmark; both empty (off) in any real deployment.
+    A decode request whose mesh request id starts with `tamper_request_prefix` gets its pulled KV
+    overwritten between producer and consumer; with `unverified_request_prefix`, the checksum of its
+    landed KV is not checked (the control that shows what the check catches)."""
+
+    tamper_request_prefix: str = ""
+    unverified_request_prefix: str = ""
+
+
+class KVTransportSettings(BaseModel):
+    """What the connector in the engine's worker process needs to move KV (from WorkerSettings)."""
+
+    kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
+    mooncake_protocol: str = "tcp"
+    mooncake_device: str = ""
+    mesh_token: str | None = None
+    kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
+
+    def allows(self, transport: str) -> bool:
+        return self.kv_transport in ("auto", transport)
+
+
 class WorkerSettings(_LayeredSettings):
     model_config = SettingsConfigDict(env_prefix="PDMESH_WORKER_", env_nested_delimiter="__")
 
@@ -146,6 +169,15 @@ class WorkerSettings(_LayeredSettings):
     kv_host: str = "127.0.0.1"         # prefill: where its KV-transfer server listens
     kv_advertise_host: str | None = None  # how decode reaches it (a container's service name); default kv_host
     kv_port: int = 0                   # 0: pick a free port before the engine starts
+    # How KV moves between prefill and decode (pdmesh/transport/kv_transport.py): "auto" agrees the best
+    # both ends support per peer (shared memory on one host, Mooncake, else gRPC); a name forces that one.
+    kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
+    mooncake_protocol: str = "tcp"     # "rdma" where the host has RDMA NICs; "ascend" with the NPU wheel
+    mooncake_device: str = ""          # the engine's device filter (RDMA NIC or NPU names), "" for all
+    # Shared secret of the mesh's internal KV ports (KV transfer, KV store): every worker of a mesh sets the
+    # same one; calls without it are refused. None: the ports take any caller (a trusted network only).
+    mesh_token: str | None = None
+    kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0
     # Python's GIL switch interval in the engine's model-worker process (None: Python's 5 ms). The KV threads
@@ -165,6 +197,12 @@ class WorkerSettings(_LayeredSettings):
     def address_for_gateways(self) -> str:
         """host (advertise_host if set) of the worker's main port; the port is filled in once bound."""
         return self.advertise_host or self.host
+
+    @property
+    def kv_transport_settings(self) -> KVTransportSettings:
+        return KVTransportSettings(kv_transport=self.kv_transport, mooncake_protocol=self.mooncake_protocol,
+                                   mooncake_device=self.mooncake_device, mesh_token=self.mesh_token,
+                                   kv_faults=self.kv_faults)
 
     @property
     def kv_host_for_peers(self) -> str:

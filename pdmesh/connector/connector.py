@@ -1,10 +1,10 @@
-"""PDMeshConnector: vLLM v1 KV connector that streams prefill KV to decode over gRPC.
+"""PDMeshConnector: vLLM v1 KV connector that moves prefill KV to decode (shared memory, Mooncake or gRPC).
 
 Loaded by vLLM through kv_transfer_config:
   {"kv_connector": "PDMeshConnector", "kv_connector_module_path": "pdmesh.connector.connector",
    "kv_role": "kv_producer" | "kv_consumer",
    "kv_connector_extra_config": {"kv_host": ..., "kv_port": ..., "kv_advertise_host": ...,
-                                 "hold_timeout_s": ..., "pull_timeout_s": ...}}
+                                 "hold_timeout_s": ..., "pull_timeout_s": ..., "transport": KVTransportSettings}}
 Each role's logic lives in its own class; this class only routes vLLM's calls to them.
 """
 
@@ -19,7 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from pdmesh.connector.engine_core_ext import install_scheduler_stats
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from pdmesh.connector.scheduler_side import ConnectorScheduler
-from pdmesh.config import StoreSettings, TelemetrySettings
+from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.connector.store_lookup import AsyncStoreLookup, StoreLookup
 from pdmesh.transport.affinity import all_cores
 from pdmesh.connector.worker_side import ConnectorWorker
@@ -49,7 +49,9 @@ class PDMeshConnector(KVConnectorBase_V1):
             install_scheduler_stats()  # this runs in the engine core's process
             advertise_host = str(extra.get("kv_advertise_host", kv_host))
             local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
-            lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s))
+            mesh_token = KVTransportSettings(**(extra.get("transport") or {})).mesh_token
+            lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s,
+                                                   mesh_token))
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup)
         else:
@@ -66,7 +68,8 @@ class PDMeshConnector(KVConnectorBase_V1):
             hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
             pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
             telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
-            store=store, kv_advertise_host=extra.get("kv_advertise_host"))
+            store=store, kv_advertise_host=extra.get("kv_advertise_host"),
+            transport=KVTransportSettings(**(extra.get("transport") or {})))
 
     @property
     def worker(self) -> ConnectorWorker:

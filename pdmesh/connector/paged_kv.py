@@ -6,11 +6,19 @@ Handles per-layer tensors shaped (num_blocks, ...) and (2, num_blocks, ...) (K/V
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ctypes
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from pdmesh.errors import InvalidRequest
+from pdmesh.transport.checksum import block_checksum
+from pdmesh.transport.kv_layout import LayerRegion, block_checksums
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,46 @@ class PagedKVCache:
             layer.tensor.index_copy_(layer.block_dim, index, src)
             offset += layer.block_nbytes
 
+    # ---- in place, for the registered-memory transports ----
+    def regions(self) -> list[LayerRegion]:
+        """Where each layer's blocks are, by address (None of this holds on a layout whose block
+        pieces are not contiguous: `in_place` is False then)."""
+        return [_region_of(layer.tensor, layer.block_dim, self.num_blocks) for layer in self._layers]
+
+    @property
+    def in_place(self) -> bool:
+        """Blocks can be read and written where they are (host memory, contiguous pieces)."""
+        return self.device == "cpu" and all(_pieces_contiguous(layer.tensor, layer.block_dim) for layer in self._layers)
+
+    def views(self) -> list[np.ndarray]:
+        """Per layer, a flat uint8 view of its region (host memory only): no copy."""
+        return [_bytes_at(region.base, region.nbytes) for region in self.regions()]
+
+    def block_checksums(self, block_ids: list[int]) -> list[int]:
+        """Each block's checksum over its wire bytes, read in place where it can be (else gathered)."""
+        for block_id in block_ids:
+            self._check(block_id)
+        if self.in_place:
+            return block_checksums(self.views(), self.regions(), block_ids)
+        return [block_checksum(row) for row in self.read_blocks(block_ids).numpy()]
+
+    def share_memory(self) -> list[LayerRegion]:
+        """Moves the cache into shared memory, in place (every tensor and view of it follows), and
+        returns its regions by shared file and offset, for a reader on this host. Raises OSError
+        when it cannot (no room in /dev/shm)."""
+        regions = []
+        for layer in self._layers:
+            storage = layer.tensor.untyped_storage()
+            try:
+                _, name, size = storage._share_filename_cpu_()  # torch.multiprocessing's file_system sharing
+            except RuntimeError as exc:
+                raise OSError(f"cannot move layer {layer.name} to shared memory: {exc}") from exc
+            path = Path("/dev/shm") / name.decode().lstrip("/")
+            data_offset = path.stat().st_size - size  # torch keeps a refcount header before the data
+            region = _region_of(layer.tensor, layer.block_dim, self.num_blocks)
+            regions.append(replace(region, base=data_offset + region.base - storage.data_ptr(), shm_path=str(path)))
+        return regions
+
     def _check(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_blocks:
             raise InvalidRequest(f"block id {block_id} outside [0, {self.num_blocks})")
@@ -105,3 +153,24 @@ class PagedKVCache:
             raise ValueError(f"layer {name}: no dimension of {tuple(tensor.shape)} is num_blocks={num_blocks}")
         block = tensor.select(block_dim, 0)
         return _LayerView(name, tensor, block_dim, block.numel() * tensor.element_size())
+
+
+def _pieces_contiguous(tensor: torch.Tensor, block_dim: int) -> bool:
+    block = tensor.select(block_dim, 0)
+    return block.is_contiguous() if block_dim == 0 else all(block[part].is_contiguous() for part in range(block.shape[0]))
+
+
+def _region_of(tensor: torch.Tensor, block_dim: int, num_blocks: int) -> LayerRegion:
+    size = tensor.element_size()
+    if block_dim == 0:
+        num_parts, part_stride, part_nbytes = 1, 0, tensor[0].numel() * size
+    else:
+        num_parts, part_stride, part_nbytes = tensor.shape[0], tensor.stride(0) * size, tensor[0, 0].numel() * size
+    block_stride = tensor.stride(block_dim) * size
+    nbytes = (num_parts - 1) * part_stride + (num_blocks - 1) * block_stride + part_nbytes
+    return LayerRegion(base=tensor.data_ptr(), nbytes=nbytes, block_stride=block_stride, part_stride=part_stride,
+                       num_parts=num_parts, part_nbytes=part_nbytes)
+
+
+def _bytes_at(address: int, nbytes: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))

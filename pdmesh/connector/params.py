@@ -1,12 +1,13 @@
 """The kv_transfer_params dicts the connector exchanges through vLLM, and their proto form.
 
-Prefill requests carry {"do_remote_decode": True, ...}; the engine answers with the
-KVHandle fields; decode requests carry {"do_remote_prefill": True, <KVHandle fields>}.
+Prefill requests carry {"do_remote_decode": True, ...}; the engine answers with
+{KV_HANDLE: <KVHandle fields>}; decode requests carry {"do_remote_prefill": True, KV_HANDLE: ...}.
 No torch or vLLM imports: the workers' servicers use this module too.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pdmesh.v1 import common_pb2
@@ -19,39 +20,58 @@ LOADED_FROM_STORE = "pdmesh_loaded_from_store"  # prefill handle: some prompt bl
 # In a finished request's kv_transfer_params: what its KV pull (decode) or store load (prefill) did,
 # the fields of TransferStats / StoreLoadStats. Rides the engine's own output: no RPC per request.
 REQUEST_STATS = "pdmesh_stats"
+KV_HANDLE = "pdmesh_kv"  # the KVHandle's fields
 
 
 def prefill_params(request_id: str, trace_carrier: dict[str, str] | None = None) -> dict[str, Any]:
     return {DO_REMOTE_DECODE: True, PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
 
 
+@dataclass(frozen=True)
+class KVHandle:
+    """Where a request's KV lives after prefill: the one typed form of the handle. It travels in
+    kv_transfer_params under KV_HANDLE (the dict vLLM carries) and as pdmesh.v1.KVHandle on the wire.
+    `transfer_id` is minted by the prefill worker and unguessable: it is the capability to read or
+    free the blocks on `kv_address`, the producer's KV port (which transport moves them is agreed
+    per peer at handshake, pdmesh/transport/kv_links.py)."""
+
+    transfer_id: str
+    kv_address: str
+    block_ids: tuple[int, ...]   # the producer's block ids, in token order
+    num_tokens: int              # prompt tokens the blocks hold
+
+    def to_params(self) -> dict[str, Any]:
+        return {"transfer_id": self.transfer_id, "kv_address": self.kv_address,
+                "block_ids": list(self.block_ids), "num_tokens": self.num_tokens}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "KVHandle":
+        fields = params[KV_HANDLE]
+        return cls(str(fields["transfer_id"]), str(fields["kv_address"]), tuple(int(b) for b in fields["block_ids"]),
+                   int(fields["num_tokens"]))
+
+    def to_proto(self, compat: common_pb2.CompatInfo) -> common_pb2.KVHandle:
+        return common_pb2.KVHandle(transfer_id=self.transfer_id, kv_address=self.kv_address,
+                                   block_ids=self.block_ids, num_tokens=self.num_tokens, compat=compat)
+
+    @classmethod
+    def from_proto(cls, message: common_pb2.KVHandle) -> "KVHandle":
+        return cls(message.transfer_id, message.kv_address, tuple(message.block_ids), message.num_tokens)
+
+
 def decode_params(request_id: str, handle: common_pb2.KVHandle | None,
                   trace_carrier: dict[str, str] | None = None) -> dict[str, Any]:
     """A decode request's params: pull `handle`'s KV; with no handle, compute the prompt here."""
+    params = {PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
     if handle is None or not handle.transfer_id:
-        return {PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
-    return {
-        DO_REMOTE_PREFILL: True,
-        PDMESH_REQUEST_ID: request_id,
-        TRACE_CARRIER: dict(trace_carrier or {}),
-        "transfer_id": handle.transfer_id,
-        "kv_address": handle.kv_address,
-        "block_ids": list(handle.block_ids),
-        "num_tokens": handle.num_tokens,
-    }
+        return params
+    return {**params, DO_REMOTE_PREFILL: True, KV_HANDLE: KVHandle.from_proto(handle).to_params()}
 
 
-def handle_params(transfer_id: str, kv_address: str, block_ids: list[int], num_tokens: int) -> dict[str, Any]:
+def handle_params(handle: KVHandle) -> dict[str, Any]:
     """What the producer's request_finished returns; surfaces as RequestOutput.kv_transfer_params."""
-    return {"transfer_id": transfer_id, "kv_address": kv_address,
-            "block_ids": list(block_ids), "num_tokens": num_tokens}
+    return {KV_HANDLE: handle.to_params()}
 
 
 def handle_from_params(params: dict[str, Any], compat: common_pb2.CompatInfo) -> common_pb2.KVHandle:
-    return common_pb2.KVHandle(
-        transfer_id=params["transfer_id"],
-        kv_address=params["kv_address"],
-        block_ids=params["block_ids"],
-        num_tokens=params["num_tokens"],
-        compat=compat,
-    )
+    return KVHandle.from_params(params).to_proto(compat)

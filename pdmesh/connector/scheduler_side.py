@@ -10,6 +10,7 @@ and what each request's pull or load did comes back with the worker's step outpu
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -98,8 +99,9 @@ class ConnectorScheduler:
     # ---- consumer ----
     def _num_remote_prefill_tokens(self, request: "Request", params: dict[str, Any],
                                    num_computed_tokens: int) -> tuple[int, bool]:
-        num_remote_tokens = min(int(params["num_tokens"]), request.num_prompt_tokens)
-        if len(params["block_ids"]) < _cdiv(num_remote_tokens, self._block_size):
+        handle = kvp.KVHandle.from_params(params)
+        num_remote_tokens = min(handle.num_tokens, request.num_prompt_tokens)
+        if len(handle.block_ids) < _cdiv(num_remote_tokens, self._block_size):
             logger.warning("request %s: handle names too few blocks; recomputing", request.request_id)
             return 0, False
         count = num_remote_tokens - num_computed_tokens
@@ -111,7 +113,8 @@ class ConnectorScheduler:
         if num_external_tokens == 0:
             self._recvs.append(self._release_only(request, params))
             return
-        num_remote_tokens = min(int(params["num_tokens"]), request.num_prompt_tokens)
+        handle = kvp.KVHandle.from_params(params)
+        num_remote_tokens = min(handle.num_tokens, request.num_prompt_tokens)
         num_local_tokens = num_remote_tokens - num_external_tokens
         block_indexes = list(range(num_local_tokens // self._block_size,
                                    _cdiv(num_remote_tokens, self._block_size)))
@@ -119,8 +122,8 @@ class ConnectorScheduler:
         self._recvs.append(RecvTask(
             request_id=request.request_id,
             pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
-            transfer_id=params["transfer_id"],
-            kv_address=params["kv_address"],
+            transfer_id=handle.transfer_id,
+            kv_address=handle.kv_address,
             block_indexes=block_indexes,
             local_block_ids=[local_block_ids[i] for i in block_indexes],
             token_ids=list(request.prompt_token_ids[:num_remote_tokens]),
@@ -160,11 +163,12 @@ class ConnectorScheduler:
             return False, None
         num_tokens = request.num_computed_tokens
         block_ids = block_ids[:_cdiv(num_tokens, self._block_size)]
-        self._sends.append(SendTask(request.request_id, block_ids, list(request.prompt_token_ids[:num_tokens]),
+        transfer_id = secrets.token_urlsafe(18)  # the capability decode reads and frees the blocks with
+        self._sends.append(SendTask(transfer_id, block_ids, list(request.prompt_token_ids[:num_tokens]),
                                     extra_key=_salt(request),
                                     pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
                                     trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {})))
-        handle = kvp.handle_params(request.request_id, self._kv_address, block_ids, num_tokens)
+        handle = kvp.handle_params(kvp.KVHandle(transfer_id, self._kv_address, tuple(block_ids), num_tokens))
         handle[kvp.LOADED_FROM_STORE] = loaded_from_store
         if stats is not None:
             handle[kvp.REQUEST_STATS] = stats
@@ -189,8 +193,9 @@ class ConnectorScheduler:
 
     @staticmethod
     def _release_only(request: "Request", params: dict[str, Any]) -> RecvTask:
+        handle = kvp.KVHandle.from_params(params)
         return RecvTask(
             request_id=request.request_id,
             pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
-            transfer_id=params["transfer_id"], kv_address=params["kv_address"],
+            transfer_id=handle.transfer_id, kv_address=handle.kv_address,
             block_indexes=[], local_block_ids=[], token_ids=[], report_done=False)

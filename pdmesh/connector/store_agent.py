@@ -65,7 +65,8 @@ def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list
 
 
 class StoreAgent:
-    def __init__(self, settings: StoreSettings, compat: common_pb2.CompatInfo, device: str) -> None:
+    def __init__(self, settings: StoreSettings, compat: common_pb2.CompatInfo, device: str,
+                 mesh_token: str | None = None) -> None:
         self._block_size = compat.block_size
         self._seed = fingerprint_seed(compat)
         tiers = build_tiers(settings, compat.block_nbytes, device)
@@ -75,7 +76,7 @@ class StoreAgent:
                       if settings.redis_url else None)
         self.store = TieredBlockStore(tiers, compat.block_nbytes)
         self.servicer = KVStoreServicer(compat, self.store, self.index)
-        self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s)
+        self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s, mesh_token=mesh_token)
         self._lock = threading.Lock()
         self._buffers = threading.local()
         self._totals: Counter[str] = Counter()

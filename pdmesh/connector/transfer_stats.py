@@ -15,6 +15,7 @@ class TransferStats:
     num_failed_blocks: int = 0
     num_reused_tokens: int = 0   # prompt tokens decode did not compute: local prefix hit + pulled
     num_local_tokens: int = 0    # of those, found in decode's own prefix cache
+    transport: str = ""          # what moved the blocks: "shm", "mooncake" or "grpc" ("" when none moved)
 
 
 class TransferLedger:

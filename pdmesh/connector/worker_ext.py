@@ -20,6 +20,10 @@ class PDMeshWorkerExtension:
         """Frees the KV a cancelled prefill request holds (or will hold once the engine registers it)."""
         return _connector_worker().held.release_request(request_id)
 
+    def pdmesh_release_transfer(self, transfer_id: str) -> bool:
+        """Frees a transfer no decode will pull (the gateway's release, through the Prefill service)."""
+        return _connector_worker().held.release(transfer_id)
+
     def pdmesh_counters(self) -> dict:
         """Field names of pdmesh.v1.WorkerStats."""
         return _connector_worker().counters()

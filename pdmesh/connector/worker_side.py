@@ -1,11 +1,13 @@
 """Worker-side half of the connector (runs in the vLLM worker process that owns the KV cache).
 
-Producer: pins blocks named by SendTasks and serves them from a gRPC KV server; with a KV store,
-also saves their full blocks to the store (the pin lasts until the save is done) and loads
-StoreLoadTasks' blocks from it.
-Consumer: pulls blocks named by RecvTasks on a thread pool, verifies checksum and content
-hash, writes them into the paged cache, releases them on the producer, and reports the
-request as received (with any failed block ids, which vLLM then recomputes).
+Producer: pins blocks named by SendTasks and serves them on its KV port (the control path of every
+transport, and the gRPC transport's data); offers its KV cache in place to the registered-memory
+transports (shared memory, Mooncake). With a KV store, also saves their full blocks to the store
+(the pin lasts until the save is done) and loads StoreLoadTasks' blocks from it.
+Consumer: reads blocks named by RecvTasks on a thread pool through the transport agreed with that
+producer (pdmesh/transport/kv_transport.py), each verified (content hash, checksum of the landed
+bytes), releases them on the producer, and reports the request as received (with any failed block
+ids, which vLLM then recomputes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
+import numpy as np
 import torch
 from opentelemetry import context
 
@@ -27,14 +30,21 @@ from pdmesh.connector.paged_kv import PagedKVCache
 from pdmesh.connector.store_agent import StoreAgent
 from pdmesh.connector.store_saver import StoreSaver
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
-from pdmesh.config import StoreSettings, TelemetrySettings
-from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError, WorkerFailed
+from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
+from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
 from pdmesh.transport.affinity import all_cores, widen_affinity
-from pdmesh.transport.chunking import rows_of
+from pdmesh.transport.grpc_kv_reader import GrpcKVReader
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.transport.kv_links import KVLinks
+from pdmesh.transport.kv_transport import GRPC, MOONCAKE, SHM, ReadOptions
+from pdmesh.transport.mooncake.engine import MooncakeEngine, mooncake_available, shared_engine
+from pdmesh.transport.mooncake.exporter import MooncakeKVExporter
+from pdmesh.transport.mooncake.reader import MooncakeKVReader
+from pdmesh.transport.shm.exporter import ShmKVExporter
+from pdmesh.transport.shm.reader import ShmKVReader
 from pdmesh.v1 import common_pb2
 
 logger = logging.getLogger(__name__)
@@ -43,7 +53,8 @@ logger = logging.getLogger(__name__)
 class ConnectorWorker:
     def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
                  hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
-                 store: StoreSettings | None = None, kv_advertise_host: str | None = None) -> None:
+                 store: StoreSettings | None = None, kv_advertise_host: str | None = None,
+                 transport: KVTransportSettings | None = None) -> None:
         role = "prefill" if is_producer else "decode"
         self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
@@ -51,6 +62,7 @@ class ConnectorWorker:
         self._is_producer = is_producer
         self._kv_host, self._kv_port = kv_host, kv_port
         self._kv_advertise_host = kv_advertise_host or kv_host
+        self._transport = transport or KVTransportSettings()
         self._store_settings = store if store is not None and store.enabled and is_producer else None
         self.store: StoreAgent | None = None
         self._hold_timeout_s = hold_timeout_s
@@ -69,7 +81,8 @@ class ConnectorWorker:
         self._paged: PagedKVCache | None = None
         self._server: GrpcKVServer | None = None
         self._servicer: KVTransferServicer | None = None
-        self._receiver: GrpcKVReceiver | None = None
+        self._exporters: list = []
+        self._links: KVLinks | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
         self.saver: StoreSaver | None = None
 
@@ -84,18 +97,62 @@ class ConnectorWorker:
             dtype=self._paged.dtype, block_size=self._block_size, layout=self._paged.layout,
             num_layers=self._paged.num_layers, block_nbytes=self._paged.block_nbytes)
         if self._is_producer:
-            if self._store_settings is not None:
-                self.store = StoreAgent(self._store_settings, self.compat, self._paged.device)
-                self.saver = StoreSaver(self.store, self._paged, self.held, self._store_settings.save_queue_bytes)
-            self._servicer = KVTransferServicer(self.compat, self.held,
-                                                lambda block_ids: self._paged.read_blocks(block_ids).numpy())
-            self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
-                                        extra_services=[self.store.extra_service()] if self.store else [])
-            if self.store is not None:
-                self.store.attach(f"{self._kv_advertise_host}:{self._server.address.rsplit(':', 1)[1]}")
-            logger.info("pdmesh KV server on %s%s", self._server.address, " (with KV store)" if self.store else "")
+            self._serve()
         else:
-            self._receiver = GrpcKVReceiver(self.compat, timeout_s=self._pull_timeout_s)
+            control = GrpcKVReceiver(self.compat, self._pull_timeout_s, self._transport.mesh_token)
+            self._links = KVLinks(control, self._readers(control))
+
+    def _serve(self) -> None:
+        mesh_token = self._transport.mesh_token
+        if self._store_settings is not None:
+            self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, mesh_token)
+            self.saver = StoreSaver(self.store, self._paged, self.held, self._store_settings.save_queue_bytes)
+        self._exporters = self._make_exporters()
+        self._servicer = KVTransferServicer(self.compat, self.held,
+                                            lambda block_ids: self._paged.read_blocks(block_ids).numpy(),
+                                            exporters=self._exporters, block_checksums=self._paged.block_checksums,
+                                            serve_grpc=self._transport.allows(GRPC))
+        self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
+                                    extra_services=[self.store.extra_service()] if self.store else [],
+                                    mesh_token=mesh_token)
+        if self.store is not None:
+            self.store.attach(f"{self._kv_advertise_host}:{self._server.address.rsplit(':', 1)[1]}")
+        logger.info("pdmesh KV server on %s%s, transports %s", self._server.address,
+                    " (with KV store)" if self.store else "",
+                    [e.transport for e in self._exporters] + ([GRPC] if self._transport.allows(GRPC) else []))
+
+    def _make_exporters(self) -> list:
+        """The registered-memory transports this producer offers, best first. The shared-memory move
+        comes first: it changes the cache's addresses, which Mooncake then registers."""
+        exporters = []
+        if self._transport.allows(SHM) and self._paged.in_place:
+            try:
+                exporters.append(ShmKVExporter(self._paged.share_memory()))
+            except OSError as exc:
+                logger.warning("KV cache not offered over shared memory: %s", exc)
+        if self._transport.allows(MOONCAKE) and self._paged.in_place and mooncake_available():
+            exporters.append(MooncakeKVExporter(self._mooncake_engine(), self._paged.regions()))
+        if self._transport.kv_transport not in ("auto", GRPC) and not exporters:
+            raise RuntimeError(f"kv_transport={self._transport.kv_transport} is not available in this process")
+        return exporters
+
+    def _readers(self, control: GrpcKVReceiver) -> list:
+        """The transports this consumer reads with, in order of preference."""
+        paged = self._paged
+        readers = []
+        if paged.in_place and self._transport.allows(SHM):
+            readers.append(ShmKVReader(control, paged.regions(), paged.block_checksums, paged.views()))
+        if paged.in_place and self._transport.allows(MOONCAKE) and mooncake_available():
+            readers.append(MooncakeKVReader(self._mooncake_engine(), control, paged.regions(), paged.block_checksums,
+                                            paged.views()))
+        if self._transport.allows(GRPC):
+            readers.append(GrpcKVReader(control, lambda ids, rows: paged.write_blocks(ids, torch.from_numpy(rows))))
+        if not readers:
+            raise RuntimeError(f"kv_transport={self._transport.kv_transport} is not available in this process")
+        return readers
+
+    def _mooncake_engine(self) -> MooncakeEngine:
+        return shared_engine(self._kv_advertise_host, self._transport.mooncake_protocol, self._transport.mooncake_device)
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
         if self.compute_rate is not None:
@@ -137,6 +194,7 @@ class ConnectorWorker:
             "kv_failed_blocks": total["num_failed_blocks"],
             "kv_blocks_sent": servicer.num_blocks_sent if servicer else 0,
             "kv_bytes_sent": servicer.num_bytes_sent if servicer else 0,
+            "kv_bytes_sent_by_transport": dict(servicer.bytes_sent_by_transport) if servicer else {},
             "num_held_transfers": self.held.num_held, "num_expired_transfers": self.held.num_expired,
         }
 
@@ -148,8 +206,10 @@ class ConnectorWorker:
             self._server.stop(grace_s=0.5)
         if self.store is not None:
             self.store.close()
-        if self._receiver is not None:
-            self._receiver.close()
+        if self._links is not None:
+            self._links.close()
+        for exporter in self._exporters:
+            exporter.close()
         shutdown_tracing(self._tracer_provider)
 
     def _hold(self, send: SendTask) -> None:
@@ -194,22 +254,25 @@ class ConnectorWorker:
 
     def _receive_traced(self, task: RecvTask, span) -> TransferStats:
         started = time.perf_counter()
-        stats, result = TransferStats(), "ok"
+        stats, result, transport = TransferStats(), "ok", ""
         try:
             if task.block_indexes:
-                self._pull_into_cache(task, stats)
+                transport = self._pull_into_cache(task, stats)
         except Exception as exc:  # noqa: BLE001 - a failed pull becomes recompute, never a crash
             result = "mismatch" if isinstance(exc, (ChecksumMismatch, BlockHashMismatch)) else "error"
+            if result == "error":
+                self._links.forget(task.kv_address)  # the producer may be gone: handshake again next time
             span.record_exception(exc)
             logger.warning("request %s: KV pull failed (%s); blocks will be recomputed", task.request_id, exc)
         finally:
             self._release(task)
+        stats.transport = transport
         stats.seconds = time.perf_counter() - started
         stats.num_failed_blocks = len(task.block_indexes) - stats.num_blocks
         stats.num_local_tokens = task.num_local_tokens
         stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
         span.set_attributes({
-            "pdmesh.kv.transport": "grpc", "pdmesh.kv.peer": task.kv_address, "pdmesh.kv.checksum": result,
+            "pdmesh.kv.transport": transport, "pdmesh.kv.peer": task.kv_address, "pdmesh.kv.checksum": result,
             "pdmesh.kv.blocks": stats.num_blocks, "pdmesh.kv.failed_blocks": stats.num_failed_blocks,
             "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,
             "pdmesh.kv.first_block_s": stats.first_block_seconds,
@@ -217,41 +280,37 @@ class ConnectorWorker:
         })
         return stats
 
-    def _pull_into_cache(self, task: RecvTask, stats: TransferStats) -> None:
-        """Counts into `stats` as blocks land, so a failure part-way keeps the prefix that arrived.
-        Each message's blocks land with one scatter per layer: every torch call drops and retakes
-        the GIL, which this process's model runner holds most of the time."""
+    def _pull_into_cache(self, task: RecvTask, stats: TransferStats) -> str:
+        """Reads the task's blocks through the transport agreed with its producer; counts into `stats`
+        as blocks land, so a failure part-way keeps the prefix that arrived. Returns the transport."""
         expected = chain_block_hashes(fingerprint_seed(self.compat), task.token_ids, self._block_size,
                                       include_partial=True)
-        local_by_index = dict(zip(task.block_indexes, task.local_block_ids))
         started = time.perf_counter()
-        for blocks in self._receiver.pull_runs(task.kv_address, task.transfer_id, task.block_indexes):
+        link = self._links.link(task.kv_address)
+        reader = self._links.reader(link)
+        for num_landed in reader.read_blocks(link, task.transfer_id, task.block_indexes, task.local_block_ids,
+                                             expected, self._read_options(task)):
             if stats.num_blocks == 0:
                 stats.first_block_seconds = time.perf_counter() - started
-            error = self._first_wrong(blocks, task, expected, stats.num_blocks)
-            good = blocks if error is None else blocks[:error[0]]
-            if good:  # the blocks before a wrong one still land
-                rows = rows_of(blocks)[:len(good)]
-                self._paged.write_blocks([local_by_index[b.block_index] for b in good], torch.from_numpy(rows))
-                stats.num_blocks += len(good)
-                stats.num_bytes += rows.nbytes
-            if error is not None:
-                raise error[1]
+            stats.num_blocks = num_landed
+            stats.num_bytes = num_landed * self.compat.block_nbytes
+        return link.transport
 
-    @staticmethod
-    def _first_wrong(blocks, task: RecvTask, expected: list[bytes], num_before: int):
-        """(offset, error) of the first block out of order or holding other tokens; None if all fit."""
-        for offset, block in enumerate(blocks):
-            if block.block_index != task.block_indexes[num_before + offset]:
-                return offset, WorkerFailed(f"block {block.block_index} arrived out of order")
-            if block.block_hash != expected[block.block_index]:
-                return offset, BlockHashMismatch(
-                    f"block {block.block_index} holds other tokens than request {task.request_id}")
-        return None
+    def _read_options(self, task: RecvTask) -> ReadOptions:
+        faults = self._transport.kv_faults
+        tamper = faults.tamper_request_prefix and task.pdmesh_request_id.startswith(faults.tamper_request_prefix)
+        unverified = (faults.unverified_request_prefix
+                      and task.pdmesh_request_id.startswith(faults.unverified_request_prefix))
+        return ReadOptions(verify=not unverified, tamper=_overwrite if tamper else None)
 
     def _release(self, task: RecvTask) -> None:
         try:
-            self._receiver.release(task.kv_address, task.transfer_id)
+            self._links.control.release(task.kv_address, task.transfer_id)
         except PDMeshError as exc:
             logger.warning("transfer %s: release failed (%s); producer frees it at its deadline",
                            task.transfer_id, exc)
+
+
+def _overwrite(buffer) -> None:
+    """The fault tests' tamper: KV bytes replaced between producer and consumer."""
+    np.asarray(buffer, dtype=np.uint8)[...] = 0x40

@@ -53,7 +53,8 @@ class ConnectorCounterSync:
     async def poll_once(self) -> None:
         counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
         m, role = self._metrics, self._metrics.role
-        self._add_delta(counters, "kv_bytes_sent", m.kv_bytes.labels(role, "sent", "grpc"))
+        for transport, num_bytes in counters.get("kv_bytes_sent_by_transport", {}).items():
+            self._add_delta({f"sent_{transport}": num_bytes}, f"sent_{transport}", m.kv_bytes.labels(role, "sent", transport))
         self._add_delta(counters, "kv_store_corrupt_blocks", m.store_corrupt_blocks.labels(role))
         self._add_delta(counters, "kv_store_blocks_saved", m.store_blocks_saved.labels(role))
         for tier, num_bytes in counters.get("kv_store_occupancy_bytes", {}).items():

@@ -85,8 +85,10 @@ class AssembledBlock:
 class BlockAssembler:
     """Collects chunks in stream order; returns a block once its last chunk verified."""
 
-    def __init__(self, max_block_nbytes: int) -> None:
+    def __init__(self, max_block_nbytes: int, verify: bool = True, tamper=None) -> None:
         self._max_block_nbytes = max_block_nbytes
+        self._verify = verify
+        self._tamper = tamper  # fault tests: alters the bytes as they arrive, before the checksum
         self._block_index: int | None = None
         self._buffer = bytearray()
         self._num_received = 0
@@ -118,10 +120,12 @@ class BlockAssembler:
             raise InvalidRequest(f"run at block {indexes[0]}: {len(chunk.data)} bytes, {len(chunk.run_checksums)} "
                                  f"checksums and {len(chunk.run_block_hashes)} hashes for {len(indexes)} blocks")
         data = memoryview(bytearray(chunk.data))  # one writable copy per run: it lands in torch tensors
+        if self._tamper is not None:
+            self._tamper(data)
         blocks = []
         for i, (index, checksum, block_hash) in enumerate(zip(indexes, chunk.run_checksums, chunk.run_block_hashes)):
             payload = data[i * block_nbytes:(i + 1) * block_nbytes]
-            actual = block_checksum(payload)
+            actual = block_checksum(payload) if self._verify else checksum
             if actual != checksum:
                 raise ChecksumMismatch(f"block {index}: checksum {actual:#018x} != sent {checksum:#018x}")
             blocks.append(AssembledBlock(index, payload, bytes(block_hash)))
@@ -147,7 +151,9 @@ class BlockAssembler:
         if self._num_received != len(self._buffer):
             raise InvalidRequest(
                 f"block {chunk.block_index}: got {self._num_received} of {len(self._buffer)} bytes")
-        actual = block_checksum(self._buffer)
+        if self._tamper is not None:
+            self._tamper(memoryview(self._buffer))
+        actual = block_checksum(self._buffer) if self._verify else chunk.checksum
         if actual != chunk.checksum:
             raise ChecksumMismatch(
                 f"block {chunk.block_index}: checksum {actual:#018x} != sent {chunk.checksum:#018x}")
@@ -158,11 +164,11 @@ class BlockAssembler:
 
 
 def receive_runs(chunks: Iterable[kv_transfer_pb2.KVChunk], max_block_nbytes: int, num_expected: int,
-                 what: str) -> Iterator[list[AssembledBlock]]:
+                 what: str, verify: bool = True, tamper=None) -> Iterator[list[AssembledBlock]]:
     """Yields verified blocks from a chunk stream, a message's worth at a time (a run, or the one
     block its last piece completed); raises a domain error on any failure, including a stream that
     ended before `num_expected` blocks."""
-    assembler = BlockAssembler(max_block_nbytes)
+    assembler = BlockAssembler(max_block_nbytes, verify, tamper)
     num_blocks = 0
     try:
         for chunk in chunks:

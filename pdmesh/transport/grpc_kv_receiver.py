@@ -1,4 +1,5 @@
-"""Consumer side of the gRPC KV transfer: pulls chunked blocks and verifies each checksum."""
+"""The consumer's client of a producer's KV port: handshake, open, release (the control path of
+every transport) and the gRPC transport's streamed pull."""
 
 from __future__ import annotations
 
@@ -9,37 +10,57 @@ import grpc
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.channels import ChannelCache
 from pdmesh.transport.chunking import AssembledBlock, receive_runs
+from pdmesh.transport.kv_layout import LayerRegion
+from pdmesh.transport.kv_transport import PeerLink
+from pdmesh.transport.mesh_auth import mesh_metadata
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 
 class GrpcKVReceiver:
-    def __init__(self, compat: common_pb2.CompatInfo, timeout_s: float = 30.0) -> None:
+    def __init__(self, compat: common_pb2.CompatInfo, timeout_s: float = 30.0, mesh_token: str | None = None) -> None:
         self._compat = compat
         self._timeout_s = timeout_s
+        self._metadata = mesh_metadata(mesh_token)
         self._channels = ChannelCache()
 
-    def pull(self, address: str, transfer_id: str, block_indexes: Sequence[int]) -> Iterator[AssembledBlock]:
+    def handshake(self, address: str, transports: Sequence[str], host_id: str) -> PeerLink:
+        request = kv_transfer_pb2.HandshakeRequest(compat=self._compat, transports=list(transports), host_id=host_id)
+        response = self._call(self._stub(address).Handshake, request)
+        return PeerLink(address, response.transport, tuple(LayerRegion.from_proto(r) for r in response.regions),
+                        response.mooncake_session)
+
+    def open(self, address: str, transfer_id: str, block_indexes: Sequence[int],
+             transport: str) -> kv_transfer_pb2.OpenResponse:
+        request = kv_transfer_pb2.OpenRequest(transfer_id=transfer_id, block_indexes=list(block_indexes),
+                                              compat=self._compat, transport=transport)
+        return self._call(self._stub(address).Open, request)
+
+    def pull(self, address: str, transfer_id: str, block_indexes: Sequence[int],
+             verify: bool = True, tamper=None) -> Iterator[AssembledBlock]:
         """Yields verified blocks in the order asked; raises a domain error on any failure."""
-        for blocks in self.pull_runs(address, transfer_id, block_indexes):
+        for blocks in self.pull_runs(address, transfer_id, block_indexes, verify, tamper):
             yield from blocks
 
-    def pull_runs(self, address: str, transfer_id: str,
-                  block_indexes: Sequence[int]) -> Iterator[list[AssembledBlock]]:
+    def pull_runs(self, address: str, transfer_id: str, block_indexes: Sequence[int],
+                  verify: bool = True, tamper=None) -> Iterator[list[AssembledBlock]]:
         """pull, a message's worth of blocks at a time (chunking.rows_of gives their rows)."""
         request = kv_transfer_pb2.PullRequest(
             transfer_id=transfer_id, block_indexes=list(block_indexes), compat=self._compat)
-        chunks = self._stub(address).Pull(request, timeout=self._timeout_s)
-        yield from receive_runs(chunks, self._compat.block_nbytes, len(block_indexes), f"transfer {transfer_id}")
+        chunks = self._stub(address).Pull(request, timeout=self._timeout_s, metadata=self._metadata)
+        yield from receive_runs(chunks, self._compat.block_nbytes, len(block_indexes), f"transfer {transfer_id}",
+                                verify=verify, tamper=tamper)
 
     def release(self, address: str, transfer_id: str) -> None:
-        try:
-            self._stub(address).Release(kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id),
-                                        timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            raise error_from_rpc_error(exc) from exc
+        self._call(self._stub(address).Release, kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id))
 
     def close(self) -> None:
         self._channels.close()
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self._timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise error_from_rpc_error(exc) from exc
 
     def _stub(self, address: str) -> kv_transfer_pb2_grpc.KVTransferStub:
         return kv_transfer_pb2_grpc.KVTransferStub(self._channels.get(address))

@@ -1,4 +1,5 @@
-"""gRPC KV-transfer server run inside the producer engine's worker process.
+"""The producer's KV port, run inside the engine's worker process: the control path of every
+transport (handshake, open, release) and the gRPC transport's streamed pull.
 
 That process has no asyncio loop and runs model steps on its main thread, so this is a
 thread-pool `grpc.server`: reads of held (immutable) blocks happen off the engine thread.
@@ -18,15 +19,18 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import server_interceptor
 
 from pdmesh.compat import check_compatible
-from pdmesh.errors import InvalidRequest, PDMeshError
+from pdmesh.errors import Incompatible, InvalidRequest, PDMeshError
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
 from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, iter_chunks
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.transport.kv_transport import GRPC, KVExporter
+from pdmesh.transport.mesh_auth import MeshTokenInterceptor
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 BlockReader = Callable[[list[int]], np.ndarray]  # engine block ids -> (n, block_nbytes) uint8 rows
+BlockChecksums = Callable[[list[int]], list[int]]  # engine block ids -> checksum of each block's bytes
 
 
 class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
@@ -37,15 +41,57 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         read_blocks: BlockReader,
         wait_timeout_s: float = 10.0,
         chunk_nbytes: int = DEFAULT_CHUNK_NBYTES,
+        exporters: Sequence[KVExporter] = (),
+        block_checksums: BlockChecksums | None = None,
+        serve_grpc: bool = True,
     ) -> None:
         self._compat = compat
         self._held = held
         self._read_blocks = read_blocks
+        self._exporters = list(exporters)   # registered-memory transports, in order of preference
+        self._block_checksums = block_checksums
+        self._serve_grpc = serve_grpc       # False: a transport is forced, gRPC is not offered
         self._wait_timeout_s = wait_timeout_s
         self._chunk_nbytes = chunk_nbytes
         self._lock = threading.Lock()
         self.num_blocks_sent = 0
         self.num_bytes_sent = 0
+        self.bytes_sent_by_transport: dict[str, int] = {}
+
+    def Handshake(self, request, context):
+        try:
+            check_compatible(self._compat, request.compat)
+            return self._choose(request)
+        except PDMeshError as exc:
+            self._abort(context, exc)
+
+    def _choose(self, request: kv_transfer_pb2.HandshakeRequest) -> kv_transfer_pb2.HandshakeResponse:
+        wanted = set(request.transports)
+        for exporter in self._exporters:
+            if exporter.transport in wanted and exporter.accepts(request.host_id):
+                regions, session = exporter.describe()
+                return kv_transfer_pb2.HandshakeResponse(
+                    transport=exporter.transport, regions=[r.to_proto() for r in regions], mooncake_session=session)
+        if GRPC in wanted and self._serve_grpc:
+            return kv_transfer_pb2.HandshakeResponse(transport=GRPC)
+        offered = [e.transport for e in self._exporters] + ([GRPC] if self._serve_grpc else [])
+        raise Incompatible(f"no KV transport in common: consumer reads with {sorted(wanted)}, producer offers {offered}")
+
+    def Open(self, request, context):
+        with tracer().start_as_current_span("kv.open") as span:
+            try:
+                transfer = self._open_transfer(request)
+                if self._block_checksums is None:
+                    raise InvalidRequest("this producer serves its blocks over gRPC only")
+            except PDMeshError as exc:
+                span.record_exception(exc)
+                self._abort(context, exc)
+            block_ids = [transfer.block_ids[i] for i in request.block_indexes]
+            checksums = self._block_checksums(block_ids)
+            self._count(len(block_ids), len(block_ids) * self._compat.block_nbytes, request.transport or "unknown")
+            span.set_attribute("pdmesh.kv.blocks", len(block_ids))
+            return kv_transfer_pb2.OpenResponse(block_ids=block_ids, checksums=checksums,
+                                                block_hashes=[transfer.block_hashes[i] for i in request.block_indexes])
 
     def Pull(self, request, context):
         with tracer().start_as_current_span("kv.serve") as span:
@@ -54,8 +100,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 transfer = self._open_transfer(request)
             except PDMeshError as exc:
                 span.record_exception(exc)
-                context.set_trailing_metadata(error_metadata(exc))
-                context.abort(grpc_status_of(exc), str(exc))
+                self._abort(context, exc)
             num_bytes = 0
             indexes = list(request.block_indexes)
             per_read = blocks_per_chunk(self._compat.block_nbytes, self._chunk_nbytes)
@@ -64,15 +109,24 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 rows = self._read_blocks([transfer.block_ids[i] for i in batch])  # one gather per layer
                 yield from iter_chunks(batch, rows, [transfer.block_hashes[i] for i in batch], self._chunk_nbytes)
                 num_bytes += rows.nbytes
-                with self._lock:
-                    self.num_blocks_sent += len(batch)
-                    self.num_bytes_sent += rows.nbytes
+                self._count(len(batch), rows.nbytes, GRPC)
             span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
 
     def Release(self, request, context):
         return kv_transfer_pb2.ReleaseResponse(released=self._held.release(request.transfer_id))
 
-    def _open_transfer(self, request: kv_transfer_pb2.PullRequest) -> HeldTransfer:
+    def _count(self, num_blocks: int, num_bytes: int, transport: str) -> None:
+        with self._lock:
+            self.num_blocks_sent += num_blocks
+            self.num_bytes_sent += num_bytes
+            self.bytes_sent_by_transport[transport] = self.bytes_sent_by_transport.get(transport, 0) + num_bytes
+
+    @staticmethod
+    def _abort(context, exc: PDMeshError) -> None:
+        context.set_trailing_metadata(error_metadata(exc))
+        context.abort(grpc_status_of(exc), str(exc))
+
+    def _open_transfer(self, request) -> HeldTransfer:
         check_compatible(self._compat, request.compat)
         transfer = self._held.wait_for(request.transfer_id, self._wait_timeout_s)
         num_blocks = len(transfer.block_ids)
@@ -95,9 +149,10 @@ class GrpcKVServer:
     """Owns the server; `address` is host:port actually bound."""
 
     def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 4,
-                 extra_services: Sequence[ExtraService] = ()) -> None:
+                 extra_services: Sequence[ExtraService] = (), mesh_token: str | None = None) -> None:
+        interceptors = [MeshTokenInterceptor(mesh_token)] if mesh_token else []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS,
-                                   interceptors=[server_interceptor()])
+                                   interceptors=[*interceptors, server_interceptor()])
         kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(servicer, self._server)
         for extra in extra_services:
             extra.add_to_server(extra.servicer, self._server)

@@ -52,3 +52,63 @@ class ReleaseResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class LayerRegion(_message.Message):
+    __slots__ = ("base", "nbytes", "block_stride", "part_stride", "num_parts", "part_nbytes", "shm_path")
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_STRIDE_FIELD_NUMBER: _ClassVar[int]
+    PART_STRIDE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTS_FIELD_NUMBER: _ClassVar[int]
+    PART_NBYTES_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    base: int
+    nbytes: int
+    block_stride: int
+    part_stride: int
+    num_parts: int
+    part_nbytes: int
+    shm_path: str
+    def __init__(self, base: _Optional[int] = ..., nbytes: _Optional[int] = ..., block_stride: _Optional[int] = ..., part_stride: _Optional[int] = ..., num_parts: _Optional[int] = ..., part_nbytes: _Optional[int] = ..., shm_path: _Optional[str] = ...) -> None: ...
+
+class HandshakeRequest(_message.Message):
+    __slots__ = ("compat", "transports", "host_id")
+    COMPAT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    compat: _common_pb2.CompatInfo
+    transports: _containers.RepeatedScalarFieldContainer[str]
+    host_id: str
+    def __init__(self, compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ...) -> None: ...
+
+class HandshakeResponse(_message.Message):
+    __slots__ = ("transport", "regions", "mooncake_session")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    MOONCAKE_SESSION_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    regions: _containers.RepeatedCompositeFieldContainer[LayerRegion]
+    mooncake_session: str
+    def __init__(self, transport: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[LayerRegion, _Mapping]]] = ..., mooncake_session: _Optional[str] = ...) -> None: ...
+
+class OpenRequest(_message.Message):
+    __slots__ = ("transfer_id", "block_indexes", "compat", "transport")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_INDEXES_FIELD_NUMBER: _ClassVar[int]
+    COMPAT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    block_indexes: _containers.RepeatedScalarFieldContainer[int]
+    compat: _common_pb2.CompatInfo
+    transport: str
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indexes: _Optional[_Iterable[int]] = ..., compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class OpenResponse(_message.Message):
+    __slots__ = ("block_ids", "checksums", "block_hashes")
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, block_ids: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...

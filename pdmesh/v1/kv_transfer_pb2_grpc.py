@@ -27,6 +27,8 @@ if _version_not_supported:
 
 class KVTransferStub:
     """Served inside the prefill engine's worker process: hands out the KV blocks it holds.
+    Every call carries the mesh's credentials (x-pdmesh-mesh-token metadata when a mesh token is
+    configured) and names a transfer by the unguessable id the producer minted for it.
     """
 
     def __init__(self, channel):
@@ -35,6 +37,16 @@ class KVTransferStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Handshake = channel.unary_unary(
+                '/pdmesh.v1.KVTransfer/Handshake',
+                request_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.HandshakeRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.HandshakeResponse.FromString,
+                _registered_method=True)
+        self.Open = channel.unary_unary(
+                '/pdmesh.v1.KVTransfer/Open',
+                request_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.OpenRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.OpenResponse.FromString,
+                _registered_method=True)
         self.Pull = channel.unary_stream(
                 '/pdmesh.v1.KVTransfer/Pull',
                 request_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.PullRequest.SerializeToString,
@@ -49,7 +61,26 @@ class KVTransferStub:
 
 class KVTransferServicer:
     """Served inside the prefill engine's worker process: hands out the KV blocks it holds.
+    Every call carries the mesh's credentials (x-pdmesh-mesh-token metadata when a mesh token is
+    configured) and names a transfer by the unguessable id the producer minted for it.
     """
+
+    def Handshake(self, request, context):
+        """Once per consumer and producer: checks compatibility and picks the transport both ends
+        support (shared memory on one host, Mooncake Transfer Engine, else gRPC), with what the
+        consumer needs to read the producer's memory directly.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Open(self, request, context):
+        """Registered-memory transports: the producer's block ids of a transfer, with the checksum and
+        content hash of each, so the consumer can read them straight from the producer's memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Pull(self, request, context):
         """Streams the requested blocks as chunks. Fails with FAILED_PRECONDITION when the
@@ -69,6 +100,16 @@ class KVTransferServicer:
 
 def add_KVTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Handshake': grpc.unary_unary_rpc_method_handler(
+                    servicer.Handshake,
+                    request_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.HandshakeRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.HandshakeResponse.SerializeToString,
+            ),
+            'Open': grpc.unary_unary_rpc_method_handler(
+                    servicer.Open,
+                    request_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.OpenRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.OpenResponse.SerializeToString,
+            ),
             'Pull': grpc.unary_stream_rpc_method_handler(
                     servicer.Pull,
                     request_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.PullRequest.FromString,
@@ -89,7 +130,63 @@ def add_KVTransferServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class KVTransfer:
     """Served inside the prefill engine's worker process: hands out the KV blocks it holds.
+    Every call carries the mesh's credentials (x-pdmesh-mesh-token metadata when a mesh token is
+    configured) and names a transfer by the unguessable id the producer minted for it.
     """
+
+    @staticmethod
+    def Handshake(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.KVTransfer/Handshake',
+            pdmesh_dot_v1_dot_kv__transfer__pb2.HandshakeRequest.SerializeToString,
+            pdmesh_dot_v1_dot_kv__transfer__pb2.HandshakeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Open(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.KVTransfer/Open',
+            pdmesh_dot_v1_dot_kv__transfer__pb2.OpenRequest.SerializeToString,
+            pdmesh_dot_v1_dot_kv__transfer__pb2.OpenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Pull(request,

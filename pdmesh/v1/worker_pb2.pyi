@@ -109,6 +109,18 @@ class WorkerInfoResponse(_message.Message):
     vocab_size: int
     def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., kv_address: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
+class ReleaseKVRequest(_message.Message):
+    __slots__ = ("transfer_id",)
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    def __init__(self, transfer_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseKVResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -204,6 +204,11 @@ class PrefillStub:
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
                 _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/pdmesh.v1.Prefill/Release',
+                request_serializer=pdmesh_dot_v1_dot_worker__pb2.ReleaseKVRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_worker__pb2.ReleaseKVResponse.FromString,
+                _registered_method=True)
 
 
 class PrefillServicer:
@@ -216,6 +221,14 @@ class PrefillServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Release(self, request, context):
+        """Frees a transfer's blocks that no decode will pull (the gateway's side of the release; decode
+        releases on the KV port once it has pulled).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrefillServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +236,11 @@ def add_PrefillServicer_to_server(servicer, server):
                     servicer.Prefill,
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=pdmesh_dot_v1_dot_worker__pb2.ReleaseKVRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_worker__pb2.ReleaseKVResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -252,6 +270,33 @@ class Prefill:
             '/pdmesh.v1.Prefill/Prefill',
             pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
             pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.Prefill/Release',
+            pdmesh_dot_v1_dot_worker__pb2.ReleaseKVRequest.SerializeToString,
+            pdmesh_dot_v1_dot_worker__pb2.ReleaseKVResponse.FromString,
             options,
             channel_credentials,
             insecure,

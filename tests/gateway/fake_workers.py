@@ -28,6 +28,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.fail_after = fail_after   # decode: streams this many tokens, then dies (UNAVAILABLE)
         self.prefill_finish = common_pb2.FINISH_REASON_LENGTH  # of prefill's one-token generation
         self.requests: list = []
+        self.released: list[str] = []  # prefill: transfer ids the gateway released
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
         add = worker_pb2_grpc.add_PrefillServicer_to_server if role == "prefill" \
@@ -43,6 +44,10 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
             num_tokens=len(request.prompt_token_ids), compat=self.info.compat),
             num_computed_tokens=len(request.prompt_token_ids), first_token_id=777, first_text="<777>", finish_reason=self.prefill_finish)
+
+    async def Release(self, request, context):
+        self.released.append(request.transfer_id)
+        return worker_pb2.ReleaseKVResponse(released=True)
 
     async def Decode(self, request, context):
         self.requests.append(request)

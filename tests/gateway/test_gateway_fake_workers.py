@@ -12,8 +12,6 @@ from gateway.server import Gateway
 from pdmesh.client import generate, make_request
 from pdmesh.config import GatewaySettings
 from pdmesh.v1 import common_pb2, generate_pb2
-from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from tests.gateway.fake_workers import COMPAT, FakeWorker
 
 
@@ -131,39 +129,26 @@ def test_gateway_imports_neither_torch_nor_vllm():
 
 
 async def test_failed_decode_releases_the_prefill_kv_at_once(tiny_llama_dir):
-    held = HeldTransfers()
-    held.hold(HeldTransfer("t-r9", (0,), (b"",), deadline=1e18))
-    kv_server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_ids: None), "127.0.0.1", 0)
-    gateway, address, prefill, decode = await _start(tiny_llama_dir, kv_address=kv_server.address, fail_decode=True)
+    """Through the prefill worker's own service: the gateway never calls the KV port (mesh peers only)."""
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, fail_decode=True)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await generate(address, make_request([0, 5], max_tokens=1, request_id="r9"))
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert re.fullmatch(r"decode worker 127\.0\.0\.1:\d+ failed: decode engine died", info.value.details())
-        assert await released(held) == {"t-r9"}
+        assert await released(prefill) == ["t-r9"]
     finally:
         await gateway.stop(0)
         await prefill.server.stop(0)
         await decode.server.stop(0)
-        kv_server.stop(0)
 
 
-async def released(held: HeldTransfers, timeout_s: float = 5.0) -> set[str]:
+async def released(prefill, timeout_s: float = 5.0) -> list[str]:
     """The gateway releases KV in the background: the transfers released within timeout_s."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    finished = held.take_finished()
-    while not finished and asyncio.get_running_loop().time() < deadline:
+    while not prefill.released and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
-        finished = held.take_finished()
-    return finished
-
-
-@pytest.fixture
-def held_kv_server():
-    held = HeldTransfers()
-    server = GrpcKVServer(KVTransferServicer(COMPAT, held, lambda block_ids: None), "127.0.0.1", 0)
-    yield held, server.address
-    server.stop(0)
+    return prefill.released
 
 
 async def _stop(gateway, prefill, decode):
@@ -191,17 +176,14 @@ async def test_first_token_from_prefill_streams_it_and_decode_continues_after_it
     (5, common_pb2.FINISH_REASON_STOP),  # prefill's token was EOS or hit a stop string
 ])
 async def test_prefill_token_that_ends_the_request_skips_decode_and_frees_the_kv(
-        tiny_llama_dir, held_kv_server, max_tokens, prefill_finish):
-    held, kv_address = held_kv_server
-    held.hold(HeldTransfer("t-r3", (0,), (b"",), deadline=1e18))
-    gateway, address, prefill, decode = await _start(tiny_llama_dir, kv_address=kv_address,
-                                                     first_token_from="prefill")
+        tiny_llama_dir, max_tokens, prefill_finish):
+    gateway, address, prefill, decode = await _start(tiny_llama_dir, first_token_from="prefill")
     prefill.prefill_finish = prefill_finish
     try:
         token_ids, _, last = await generate(address, make_request([0, 5], max_tokens=max_tokens, request_id="r3"))
         assert (token_ids, last.finish_reason, last.usage.completion_tokens) == ([777], prefill_finish, 1)
         assert decode.requests == []
-        assert await released(held) == {"t-r3"}
+        assert await released(prefill) == ["t-r3"]
     finally:
         await _stop(gateway, prefill, decode)
 

@@ -36,8 +36,8 @@ class _Blocks:
 
 
 def _decode_request(num_tokens: int) -> _Request:
-    params = {kvp.DO_REMOTE_PREFILL: True, kvp.PDMESH_REQUEST_ID: "mesh-1", "transfer_id": "p-1",
-              "kv_address": "127.0.0.1:9", "block_ids": [10, 11, 12, 13], "num_tokens": num_tokens}
+    handle = kvp.KVHandle("p-1", "127.0.0.1:9", (10, 11, 12, 13), num_tokens)
+    params = {kvp.DO_REMOTE_PREFILL: True, kvp.PDMESH_REQUEST_ID: "mesh-1", **kvp.handle_params(handle)}
     return _Request("d-1", list(range(num_tokens)), params)
 
 
@@ -79,10 +79,22 @@ def test_producer_pins_finished_blocks_and_returns_a_handle():
                        status=RequestStatus.FINISHED_LENGTH_CAPPED, num_computed_tokens=40)
     delay_free, handle = sched.request_finished(request, ([5, 8],))
     assert delay_free is True
-    assert handle == {"transfer_id": "p-1", "kv_address": "127.0.0.1:7", "block_ids": [5, 8], "num_tokens": 40,
-                      kvp.LOADED_FROM_STORE: False}
+    minted = kvp.KVHandle.from_params(handle)
+    assert (minted.kv_address, minted.block_ids, minted.num_tokens) == ("127.0.0.1:7", (5, 8), 40)
+    assert handle[kvp.LOADED_FROM_STORE] is False
     (send,) = sched.build_connector_meta().sends
-    assert (send.transfer_id, send.block_ids, send.token_ids) == ("p-1", [5, 8], list(range(40)))
+    assert (send.transfer_id, send.block_ids, send.token_ids) == (minted.transfer_id, [5, 8], list(range(40)))
+
+
+def test_transfer_ids_are_minted_unguessable_not_the_request_id():
+    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:7")
+    ids = set()
+    for _ in range(2):
+        request = _Request("p-1", list(range(40)), kvp.prefill_params("mesh-1"),
+                           status=RequestStatus.FINISHED_LENGTH_CAPPED, num_computed_tokens=40)
+        ids.add(kvp.KVHandle.from_params(sched.request_finished(request, ([5, 8],))[1]).transfer_id)
+    assert len(ids) == 2 and "p-1" not in ids and "mesh-1" not in ids
+    assert all(len(transfer_id) >= 24 for transfer_id in ids)  # 18 random bytes, base64
 
 
 def test_producer_frees_aborted_requests_at_once():

@@ -1,27 +1,30 @@
-"""The connector's worker side without vLLM: two ConnectorWorkers (producer and consumer) over a
-real gRPC KV server, and a consumer whose pull breaks part-way (fault injected in the receiver)."""
+"""The connector's worker side without vLLM: two ConnectorWorkers (producer and consumer) over each
+real transport (shared memory, Mooncake Transfer Engine over TCP, gRPC), the transport agreed at a
+real handshake on the producer's KV port; tampered KV with and without the checksum; a read that
+breaks part-way."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pdmesh.config import TelemetrySettings
+from pdmesh.config import KVFaultSettings, KVTransportSettings, TelemetrySettings
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
 from pdmesh.connector.worker_side import ConnectorWorker
 from pdmesh.errors import ChecksumMismatch
-from pdmesh.transport.chunking import AssembledBlock
 
 BLOCK_SIZE, NUM_BLOCKS = 32, 8
 TOKENS = list(range(3, 3 + 80))  # 3 blocks, the last one partial
+TRANSPORTS = ["shm", "mooncake", "grpc"]
+FAULTS = KVFaultSettings(tamper_request_prefix="tamper-", unverified_request_prefix="tamper-unverified-")
 
 
-def _worker(model_dir, is_producer: bool) -> ConnectorWorker:
+def _worker(model_dir, is_producer: bool, transport: str, shape=(NUM_BLOCKS, 2, BLOCK_SIZE, 16)) -> ConnectorWorker:
     worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=is_producer,
                              kv_host="127.0.0.1", kv_port=0, hold_timeout_s=60, pull_timeout_s=10,
-                             telemetry=TelemetrySettings())
-    caches = {f"l{i}": (torch.randn if is_producer else torch.zeros)(NUM_BLOCKS, 2, BLOCK_SIZE, 16)
-              for i in range(2)}
+                             telemetry=TelemetrySettings(),
+                             transport=KVTransportSettings(kv_transport=transport, kv_faults=FAULTS))
+    caches = {f"l{i}": (torch.randn if is_producer else torch.zeros)(*shape) for i in range(2)}
     worker.register_kv_caches(caches, NUM_BLOCKS)
     worker.caches = caches
     return worker
@@ -33,8 +36,17 @@ def model_dir(tmp_path):
     return tmp_path
 
 
-def _recv_task(producer: ConnectorWorker, local_block_ids: list[int]) -> RecvTask:
-    return RecvTask(request_id="d-1", pdmesh_request_id="mesh-1", transfer_id="p-1",
+@pytest.fixture(params=TRANSPORTS)
+def pair(request, model_dir, no_thread_leak):
+    producer, consumer = _worker(model_dir, True, request.param), _worker(model_dir, False, request.param)
+    yield producer, consumer, request.param
+    consumer.shutdown()
+    producer.shutdown()
+
+
+def _recv_task(producer: ConnectorWorker, local_block_ids: list[int], mesh_id: str = "mesh-1",
+               transfer_id: str = "p-1") -> RecvTask:
+    return RecvTask(request_id="d-1", pdmesh_request_id=mesh_id, transfer_id=transfer_id,
                     kv_address=producer._server.address, block_indexes=[0, 1, 2],
                     local_block_ids=local_block_ids, token_ids=TOKENS)
 
@@ -44,71 +56,112 @@ def _finish(worker: ConnectorWorker, meta: PDMeshConnectorMetadata) -> None:
     worker._pool.shutdown(wait=True)  # let the pull finish before asserting
 
 
-def test_blocks_move_between_workers_and_the_producer_frees_them(model_dir, no_thread_leak):
-    producer, consumer = _worker(model_dir, True), _worker(model_dir, False)
-    try:
-        producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
-        _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
-        for name in producer.caches:
-            for remote, local in zip([5, 2, 7], [1, 4, 6]):
-                assert torch.equal(consumer.caches[name][local], producer.caches[name][remote])
-        assert consumer.get_finished() == (None, {"d-1"})
-        assert consumer.take_failed_block_ids() == set()
-        stats = consumer.take_worker_meta().stats["d-1"]  # goes to the scheduler with this step's output
-        assert consumer.take_worker_meta() is None
-        assert (stats["num_blocks"], stats["num_bytes"], stats["num_reused_tokens"]) == (3, 3 * 2 * 2 * 32 * 16 * 4, 80)
-        assert producer.get_finished() == ({"p-1"}, None)
-        assert producer.counters()["kv_bytes_sent"] == stats["num_bytes"]
-    finally:
-        producer.shutdown()
-        consumer.shutdown()
+def _same(consumer, producer, local: int, remote: int) -> bool:
+    return all(torch.equal(consumer.caches[name][local], producer.caches[name][remote]) for name in producer.caches)
 
 
-def test_tokens_that_differ_from_the_producers_are_refused(model_dir, no_thread_leak):
-    producer, consumer = _worker(model_dir, True), _worker(model_dir, False)
+def test_blocks_move_between_workers_and_the_producer_frees_them(pair):
+    producer, consumer, transport = pair
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
+    assert all(_same(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))
+    assert consumer.get_finished() == (None, {"d-1"})
+    assert consumer.take_failed_block_ids() == set()
+    stats = consumer.take_worker_meta().stats["d-1"]  # goes to the scheduler with this step's output
+    assert consumer.take_worker_meta() is None
+    assert (stats["num_blocks"], stats["num_bytes"], stats["num_reused_tokens"]) == (3, 3 * 2 * 2 * 32 * 16 * 4, 80)
+    assert stats["transport"] == transport
+    assert producer.get_finished() == ({"p-1"}, None)
+    assert producer.counters()["kv_bytes_sent_by_transport"] == {transport: stats["num_bytes"]}
+
+
+def test_runs_of_contiguous_blocks_and_kv_split_layouts_move_too(model_dir, no_thread_leak):
+    """(2, num_blocks, ...) layers (K and V apart) over shared memory, a run of 4 and a lone block."""
+    shape = (2, NUM_BLOCKS, BLOCK_SIZE, 8)
+    producer, consumer = _worker(model_dir, True, "shm", shape), _worker(model_dir, False, "shm", shape)
+    tokens = list(range(3, 3 + 5 * BLOCK_SIZE))
     try:
-        producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
-        task = _recv_task(producer, [1, 4, 6])
-        task.token_ids = TOKENS[:40] + [999] + TOKENS[41:]  # differs inside block 1
+        producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [1, 2, 3, 4, 0], tokens)]))
+        task = RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1",
+                        kv_address=producer._server.address, block_indexes=[0, 1, 2, 3, 4],
+                        local_block_ids=[3, 4, 5, 6, 1], token_ids=tokens)
         _finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
-        assert consumer.take_failed_block_ids() == {4, 6}  # block 0 is good and kept
-        assert torch.equal(consumer.caches["l0"][1], producer.caches["l0"][5])
-        assert consumer.get_finished() == (None, {"d-1"})  # still reported: vLLM recomputes the rest
-        assert producer.get_finished() == ({"p-1"}, None)  # and released
+        assert consumer.take_failed_block_ids() == set()
+        for name in producer.caches:
+            assert torch.equal(consumer.caches[name][:, 3:7], producer.caches[name][:, 1:5])
+            assert torch.equal(consumer.caches[name][:, 1], producer.caches[name][:, 0])
+            assert not consumer.caches[name][:, 0].any() and not consumer.caches[name][:, 7].any()
     finally:
-        producer.shutdown()
         consumer.shutdown()
+        producer.shutdown()
+
+
+def test_tokens_that_differ_from_the_producers_are_refused(pair):
+    producer, consumer, _ = pair
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    task = _recv_task(producer, [1, 4, 6])
+    task.token_ids = TOKENS[:40] + [999] + TOKENS[41:]  # differs inside block 1
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
+    assert consumer.take_failed_block_ids() == {4, 6}  # block 0 is good and kept
+    assert _same(consumer, producer, 1, 5)
+    assert consumer.get_finished() == (None, {"d-1"})  # still reported: vLLM recomputes the rest
+    assert producer.get_finished() == ({"p-1"}, None)  # and released
+
+
+def test_kv_altered_between_producer_and_consumer_is_caught_by_the_checksum(pair):
+    producer, consumer, _ = pair
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6], mesh_id="tamper-1")]))
+    assert consumer.take_failed_block_ids() == {1, 4, 6}  # the first block was altered: nothing is kept
+    stats = consumer.take_worker_meta().stats if consumer.get_finished()[1] else {}
+    assert stats["d-1"]["num_blocks"] == 0
+
+
+def test_without_the_checksum_altered_kv_lands_unnoticed(pair):
+    """The control: the same alteration with the check off goes through, and the cache holds other
+    bytes than the producer's (what the e2e control turns into different tokens)."""
+    producer, consumer, _ = pair
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6],
+                                                                 mesh_id="tamper-unverified-1")]))
+    assert consumer.take_failed_block_ids() == set()
+    assert not _same(consumer, producer, 1, 5)
 
 
 class _BreaksAfterOneBlock:
+    """A reader whose read stops after its first block (the peer died part-way)."""
+
     def __init__(self, real) -> None:
         self._real = real
-        self.released: list[str] = []
+        self.transport = real.transport
 
-    def pull_runs(self, address, transfer_id, block_indexes):
-        first = next(self._real.pull(address, transfer_id, block_indexes))
-        yield [AssembledBlock(first.block_index, bytearray(first.payload), first.block_hash)]  # a message of one
+    def read_blocks(self, link, transfer_id, block_indexes, local_block_ids, expected_hashes, options):
+        yield from self._real.read_blocks(link, transfer_id, block_indexes[:1], local_block_ids[:1], expected_hashes,
+                                          options)
         raise ChecksumMismatch("block 1: checksum 0x1 != sent 0x2")
-
-    def release(self, address, transfer_id):
-        self.released.append(transfer_id)
-        self._real.release(address, transfer_id)
 
     def close(self):
         self._real.close()
 
 
-def test_a_pull_that_breaks_part_way_keeps_the_prefix_and_reports_the_rest(model_dir, no_thread_leak):
-    producer, consumer = _worker(model_dir, True), _worker(model_dir, False)
-    consumer._receiver = _BreaksAfterOneBlock(consumer._receiver)
-    try:
-        producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
-        _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
-        assert consumer.take_failed_block_ids() == {4, 6}
-        assert consumer.get_finished() == (None, {"d-1"})
-        stats = consumer.take_worker_meta().stats["d-1"]
-        assert (stats["num_blocks"], stats["num_failed_blocks"], stats["num_reused_tokens"]) == (1, 2, 32)
-        assert consumer._receiver.released == ["p-1"]
-    finally:
-        producer.shutdown()
-        consumer.shutdown()
+def test_a_read_that_breaks_part_way_keeps_the_prefix_and_reports_the_rest(pair):
+    producer, consumer, transport = pair
+    consumer._links._readers[transport] = _BreaksAfterOneBlock(consumer._links._readers[transport])
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
+    assert consumer.take_failed_block_ids() == {4, 6}
+    assert consumer.get_finished() == (None, {"d-1"})
+    stats = consumer.take_worker_meta().stats["d-1"]
+    assert (stats["num_blocks"], stats["num_failed_blocks"], stats["num_reused_tokens"]) == (1, 2, 32)
+    assert _same(consumer, producer, 1, 5)
+    assert producer.get_finished() == ({"p-1"}, None)  # released all the same
+
+
+def test_a_guessed_transfer_id_reads_nothing(pair):
+    producer, consumer, _ = pair
+    producer._servicer._wait_timeout_s = 0.2
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6], transfer_id="p-2")]))
+    assert consumer.take_failed_block_ids() == {1, 4, 6}
+    assert not consumer.caches["l0"][1].any()
+    assert producer.counters()["num_held_transfers"] == 1  # the guessed release freed nothing

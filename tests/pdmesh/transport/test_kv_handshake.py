@@ -1,0 +1,123 @@
+"""The producer's KV port over real gRPC: which transport a handshake agrees, and mesh credentials."""
+
+import grpc
+import numpy as np
+import pytest
+
+from kvstore.block_key import BlockKey
+from kvstore.block_store import TieredBlockStore
+from kvstore.client import GrpcStoreClient
+from kvstore.service import SERVICE_NAME, KVStoreServicer
+from kvstore.slab_tier import host_tier
+from pdmesh.errors import Incompatible, TransferNotFound, Unauthenticated
+from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
+from pdmesh.transport.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
+from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.transport.host_id import host_id
+from pdmesh.transport.kv_layout import LayerRegion
+from pdmesh.transport.shm.exporter import ShmKVExporter
+from pdmesh.v1 import common_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
+
+COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
+                               num_layers=1, block_nbytes=64)
+REGION = LayerRegion(base=64, nbytes=640, block_stride=64, part_stride=0, num_parts=1, part_nbytes=64,
+                     shm_path="/dev/shm/x")
+TOKEN = "mesh-secret"
+
+
+def _server(held: HeldTransfers, serve_grpc: bool = True, mesh_token: str | None = None) -> GrpcKVServer:
+    servicer = KVTransferServicer(COMPAT, held, lambda ids: np.zeros((len(ids), 64), np.uint8), wait_timeout_s=0.2,
+                                  exporters=[ShmKVExporter([REGION])], block_checksums=lambda ids: [7] * len(ids),
+                                  serve_grpc=serve_grpc)
+    store = KVStoreServicer(COMPAT, TieredBlockStore([host_tier(4 * 64, 64)], 64), index=None)
+    return GrpcKVServer(servicer, "127.0.0.1", 0, mesh_token=mesh_token,
+                        extra_services=[ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, store)])
+
+
+@pytest.fixture
+def held():
+    held = HeldTransfers()
+    held.hold(HeldTransfer("t1", block_ids=(7, 3), block_hashes=(b"h7", b"h3"), deadline=1e18))
+    return held
+
+
+@pytest.fixture
+def served(held, no_thread_leak):
+    server = _server(held)
+    receiver = GrpcKVReceiver(COMPAT, timeout_s=5)
+    yield server.address, receiver
+    receiver.close()
+    server.stop(0)
+
+
+def test_same_host_agrees_shared_memory_with_the_producers_regions(served):
+    address, receiver = served
+    link = receiver.handshake(address, ["shm", "mooncake", "grpc"], host_id())
+    assert (link.transport, link.regions, link.mooncake_session) == ("shm", (REGION,), "")
+
+
+def test_another_host_or_a_consumer_without_shm_gets_grpc(served):
+    address, receiver = served
+    assert receiver.handshake(address, ["shm", "grpc"], "other-host/x/1").transport == "grpc"
+    assert receiver.handshake(address, ["mooncake", "grpc"], host_id()).transport == "grpc"
+
+
+def test_no_transport_in_common_fails_the_handshake_naming_both_sides(held, no_thread_leak):
+    server, receiver = _server(held, serve_grpc=False), GrpcKVReceiver(COMPAT, timeout_s=5)
+    try:
+        with pytest.raises(Incompatible, match=r"consumer reads with \['grpc', 'mooncake'\], producer offers \['shm'\]"):
+            receiver.handshake(server.address, ["mooncake", "grpc"], host_id())
+    finally:
+        receiver.close()
+        server.stop(0)
+
+
+def test_open_names_the_producers_blocks_with_checksums_and_hashes(served):
+    address, receiver = served
+    opened = receiver.open(address, "t1", [1, 0], "shm")
+    assert (list(opened.block_ids), list(opened.checksums), list(opened.block_hashes)) == ([3, 7], [7, 7], [b"h3", b"h7"])
+    with pytest.raises(TransferNotFound):
+        receiver.open(address, "t2", [0], "shm")  # a guessed id
+
+
+def test_without_the_mesh_token_every_kv_and_store_call_is_refused(held, no_thread_leak):
+    server = _server(held, mesh_token=TOKEN)
+    outsider, peer = GrpcKVReceiver(COMPAT, timeout_s=5), GrpcKVReceiver(COMPAT, timeout_s=5, mesh_token=TOKEN)
+    wrong = GrpcKVReceiver(COMPAT, timeout_s=5, mesh_token="guess")
+    store = GrpcStoreClient(COMPAT, timeout_s=5)
+    try:
+        for client in (outsider, wrong):
+            with pytest.raises(Unauthenticated):
+                client.handshake(server.address, ["grpc"], host_id())
+            with pytest.raises(Unauthenticated):
+                client.open(server.address, "t1", [0], "shm")
+            with pytest.raises(Unauthenticated):
+                list(client.pull(server.address, "t1", [0]))
+            with pytest.raises(Unauthenticated):
+                client.release(server.address, "t1")
+        with pytest.raises(Unauthenticated):
+            list(store.fetch(server.address, [BlockKey(b"h" * 16, b"", (1,))]))
+        with pytest.raises(Unauthenticated):
+            store.lookup(server.address, [1] * 32)
+        assert held.num_held == 1  # nothing was released
+        assert peer.handshake(server.address, ["grpc"], host_id()).transport == "grpc"
+        assert len(list(peer.pull(server.address, "t1", [0, 1]))) == 2
+    finally:
+        for client in (outsider, wrong, peer, store):
+            client.close()
+        server.stop(0)
+
+
+def test_health_checks_need_no_mesh_token(held, no_thread_leak):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server = _server(held, mesh_token=TOKEN)
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as error:
+                kv_transfer_pb2_grpc.KVTransferStub(channel).Release(kv_transfer_pb2.ReleaseRequest(transfer_id="t1"))
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        server.stop(0)

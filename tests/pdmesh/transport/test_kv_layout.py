@@ -1,0 +1,35 @@
+"""Block addressing and copy plans of the registered-memory transports."""
+
+import numpy as np
+
+from pdmesh.transport.checksum import block_checksum
+from pdmesh.transport.kv_layout import Copy, LayerRegion, block_checksums, contiguous_runs, copy_plan
+
+
+def _region(num_blocks: int, num_parts: int = 1, part_nbytes: int = 8) -> LayerRegion:
+    return LayerRegion(base=0, nbytes=num_parts * num_blocks * part_nbytes, block_stride=part_nbytes,
+                       part_stride=num_blocks * part_nbytes, num_parts=num_parts, part_nbytes=part_nbytes)
+
+
+def test_runs_break_where_either_side_stops_counting_up():
+    assert list(contiguous_runs([4, 5, 6, 9, 10], [0, 1, 7, 8, 9])) == [(4, 0, 2), (6, 7, 1), (9, 8, 2)]
+    assert list(contiguous_runs([], [])) == []
+
+
+def test_a_run_of_blocks_is_one_copy_per_layer_and_part():
+    src, dst = [_region(16, num_parts=2)], [_region(8, num_parts=2)]
+    assert copy_plan(src, dst, [3, 4, 5], [0, 1, 2]) == [Copy(0, 24, 0, 24), Copy(0, 128 + 24, 64, 24)]
+
+
+def test_blocks_whose_pieces_are_not_back_to_back_move_one_by_one():
+    padded = LayerRegion(base=0, nbytes=256, block_stride=16, part_stride=0, num_parts=1, part_nbytes=8)
+    assert copy_plan([padded], [_region(8)], [1, 2], [0, 1]) == [Copy(0, 16, 0, 8), Copy(0, 32, 8, 8)]
+
+
+def test_checksums_in_place_equal_the_gathered_rows_checksums():
+    rng = np.random.default_rng(0)
+    regions = [_region(4, num_parts=2), _region(4)]
+    views = [rng.integers(0, 256, r.nbytes, dtype=np.uint8) for r in regions]
+    rows = [np.concatenate([views[0][b * 8:b * 8 + 8], views[0][32 + b * 8:32 + b * 8 + 8], views[1][b * 8:b * 8 + 8]])
+            for b in (2, 0)]
+    assert block_checksums(views, regions, [2, 0]) == [block_checksum(row) for row in rows]
