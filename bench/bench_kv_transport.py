@@ -1,70 +1,266 @@
-"""KV transport throughput: gRPC KV server -> receiver over loopback TCP vs memcpy, in one run.
+"""KV transports between two processes, in one run: GB/s of each (shared memory, Mooncake Transfer
+Engine over TCP, gRPC) against memcpy and against raw Mooncake TE, and the handoff latency of a
+2-block and a 64-block prompt, one at a time and 32 at once.
 
-python -m bench.bench_kv_transport [--total-mib 64 --block-kib 1024 --repeats 5]
-Moves `total-mib` of blocks through the same servicer, chunking, checksum and reassembly the
-connector uses (no vLLM), and prints median GB/s of each path and the ratio to memcpy.
+python -m bench.bench_kv_transport [--sizes-mib 1,4,16,64,256 --repeats 5 --handoffs 100]
+
+A producer process (core 0) holds transfers of blocks in a real connector worker's paged KV cache
+(4 layers of (blocks, 2, 32, 128) float32: 128 KiB blocks, tiny-llama's) and serves them on its KV
+port; this process (core 1) reads each through a consumer connector worker forced to one transport:
+the same handshake, open, copy, checksum of the landed bytes and release as decode's pull. Raw TE is
+one batch read of the same bytes (one descriptor per layer) with the same engine, nothing else.
+Writes bench/report/kv_transport.json and .png.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
-from bench.common import memcpy_gbps, plot_bars, write_results
-from pdmesh.transport.checksum import block_checksum
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
-from pdmesh.v1 import common_pb2
+from bench.common import REPORT_DIR
+
+BLOCK_SIZE = 32
+LAYER_SHAPE = (2, BLOCK_SIZE, 128)  # per block: K/V, tokens, heads * head_dim (float32)
+NUM_LAYERS = 4
+BLOCK_NBYTES = NUM_LAYERS * 2 * BLOCK_SIZE * 128 * 4
+TRANSPORTS = ["shm", "mooncake", "grpc"]
+HANDOFF_BLOCKS = [2, 64]
+CONCURRENCY = 32
 
 
-def _pull_once(receiver: GrpcKVReceiver, address: str, held: HeldTransfers, transfer_id: str,
-               num_blocks: int) -> float:
-    held.hold(HeldTransfer(transfer_id, tuple(range(num_blocks)), (b"",) * num_blocks, deadline=1e18))
+def _tokens(num_blocks: int, salt: int) -> list[int]:
+    return [(salt * 7919 + i) % 50000 for i in range(num_blocks * BLOCK_SIZE)]
+
+
+def _worker(model_dir: Path, is_producer: bool, transport: str, num_blocks: int):
+    import torch
+
+    from pdmesh.config import KVTransportSettings, TelemetrySettings
+    from pdmesh.connector.worker_side import ConnectorWorker
+
+    worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=is_producer,
+                             kv_host="127.0.0.1", kv_port=0, hold_timeout_s=3600, pull_timeout_s=60,
+                             telemetry=TelemetrySettings(), transport=KVTransportSettings(kv_transport=transport))
+    make = torch.randn if is_producer else torch.zeros
+    caches = {f"l{i}": make(num_blocks, *LAYER_SHAPE) for i in range(NUM_LAYERS)}
+    worker.register_kv_caches(caches, num_blocks)
+    return worker, caches
+
+
+# ---- the producer process ----
+def serve(spec_path: Path) -> None:
+    from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask
+
+    spec = json.loads(spec_path.read_text())
+    os.sched_setaffinity(0, {0})
+    worker, _ = _worker(Path(spec["model_dir"]), True, "auto", spec["num_blocks"])
+    sends = [SendTask(transfer_id, list(range(num_blocks)), _tokens(num_blocks, salt))
+             for transfer_id, num_blocks, salt in spec["transfers"]]
+    worker.start_tasks(PDMeshConnectorMetadata(sends=sends))
+    engine = worker._exporters[-1]._engine if worker._exporters else None
+    regions = worker._paged.regions()
+    Path(spec["ready"]).write_text(json.dumps({
+        "address": worker._server.address, "session": engine.session if engine else "",
+        "bases": [r.base for r in regions]}))
+    while os.getppid() != 1 and Path(spec["ready"]).exists():
+        time.sleep(0.2)
+    worker.shutdown()
+
+
+# ---- this process ----
+def _memcpy_gbps(nbytes: int, repeats: int) -> float:
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        samples.append(nbytes / (time.perf_counter() - started) / 1e9)
+    return statistics.median(samples)
+
+
+def _read(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) -> float:
+    """Seconds of one read through the consumer's transport, as decode's pull does it (release included)."""
+    from pdmesh.connector.metadata import RecvTask
+
+    task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
+                    kv_address=address, block_indexes=list(range(num_blocks)),
+                    local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt))
     started = time.perf_counter()
-    num_bytes = sum(len(block.payload) for block in receiver.pull(address, transfer_id, range(num_blocks)))
-    receiver.release(address, transfer_id)
-    return num_bytes / (time.perf_counter() - started) / 1e9
+    consumer._receive(task)
+    seconds = time.perf_counter() - started
+    stats = consumer._stats_pending.pop(transfer_id)
+    consumer._done_recving.discard(transfer_id)
+    if stats["num_blocks"] != num_blocks:
+        raise RuntimeError(f"{transfer_id}: {stats['num_blocks']} of {num_blocks} blocks landed")
+    return seconds
+
+
+def _raw_te_gbps(engine, session: str, remote_bases: list[int], local_bases: list[int], nbytes: int,
+                 repeats: int) -> float:
+    per_layer = nbytes // NUM_LAYERS
+    samples = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        engine.read(session, local_bases, remote_bases, [per_layer] * NUM_LAYERS)
+        samples.append(nbytes / (time.perf_counter() - started) / 1e9)
+    return statistics.median(samples[1:])
+
+
+def run(args) -> dict:
+    sizes = [int(s) for s in args.sizes_mib.split(",")]
+    max_blocks = max(sizes) * (1 << 20) // BLOCK_NBYTES
+    work = Path(tempfile.mkdtemp(prefix="pdmesh-bench-kv-"))
+    (work / "config.json").write_text('{"model_type": "llama"}')
+    transfers, salt = [], 0
+    plan: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+    for transport in TRANSPORTS:
+        for size in sizes:
+            items = [(f"{transport}-bw{size}-{i}", size * (1 << 20) // BLOCK_NBYTES, salt + i)
+                     for i in range(args.repeats + 1)]
+            plan[(transport, f"bw{size}")] = items
+            salt += len(items)
+        for num_blocks in HANDOFF_BLOCKS:
+            for mode, count in (("serial", args.handoffs), ("concurrent", CONCURRENCY * args.rounds)):
+                items = [(f"{transport}-h{num_blocks}-{mode}-{i}", num_blocks, salt + i) for i in range(count)]
+                plan[(transport, f"h{num_blocks}-{mode}")] = items
+                salt += len(items)
+    transfers = [item for items in plan.values() for item in items]
+    ready = work / "ready.json"
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"model_dir": str(work), "num_blocks": max_blocks, "transfers": transfers,
+                                "ready": str(ready)}))
+    producer = subprocess.Popen([sys.executable, "-m", "bench.bench_kv_transport", "--serve", str(spec)])
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            if producer.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the producer process did not start")
+            time.sleep(0.2)
+        time.sleep(0.2)
+        served = json.loads(ready.read_text())
+        os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
+        return _measure(args, sizes, plan, served, work, max_blocks)
+    finally:
+        ready.unlink(missing_ok=True)
+        producer.wait(timeout=30)
+
+
+def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
+    results = {"block_nbytes": BLOCK_NBYTES, "sizes_mib": sizes, "memcpy_gbps": {}, "raw_te_gbps": {},
+               "gbps": {t: {} for t in TRANSPORTS}, "handoff_ms": {t: {} for t in TRANSPORTS},
+               "slowest_vs_rate": {t: {} for t in TRANSPORTS}}
+    for size in sizes:
+        results["memcpy_gbps"][size] = _memcpy_gbps(size << 20, args.repeats)
+    for transport in TRANSPORTS:
+        consumer, _ = _worker(work, False, transport, max_blocks)
+        try:
+            if transport == "mooncake":
+                engine = consumer._links._readers["mooncake"]._engine
+                local = [r.base for r in consumer._paged.regions()]
+                for size in sizes:
+                    results["raw_te_gbps"][size] = _raw_te_gbps(engine, served["session"], served["bases"], local,
+                                                                size << 20, args.repeats)
+            for size in sizes:
+                items = plan[(transport, f"bw{size}")]
+                seconds = [_read(consumer, served["address"], *item) for item in items][1:]  # first: warm-up
+                results["gbps"][transport][size] = (size << 20) / statistics.median(seconds) / 1e9
+            for num_blocks in HANDOFF_BLOCKS:
+                results["handoff_ms"][transport][num_blocks] = _handoffs(consumer, served["address"], plan, transport,
+                                                                         num_blocks)
+                rate = results["gbps"][transport][min(sizes)] * 1e9
+                slowest = max(results["handoff_ms"][transport][num_blocks]["concurrent_all"]) / 1e3
+                results["slowest_vs_rate"][transport][num_blocks] = slowest / (num_blocks * BLOCK_NBYTES / rate)
+            print(transport, json.dumps({k: results[k][transport] for k in ("gbps",)}), flush=True)
+        finally:
+            consumer.shutdown()
+    return results
+
+
+def _handoffs(consumer, address: str, plan, transport: str, num_blocks: int) -> dict:
+    serial = [_read(consumer, address, *item) * 1e3 for item in plan[(transport, f"h{num_blocks}-serial")]]
+    items = plan[(transport, f"h{num_blocks}-concurrent")]
+    concurrent = []
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        for start in range(0, len(items), CONCURRENCY):
+            batch = items[start:start + CONCURRENCY]
+            concurrent += [s * 1e3 for s in pool.map(lambda item: _read(consumer, address, *item), batch)]
+    return {"serial_p50": _pct(serial, 50), "serial_p99": _pct(serial, 99),
+            "concurrent_p50": _pct(concurrent, 50), "concurrent_p99": _pct(concurrent, 99),
+            "concurrent_all": concurrent}
+
+
+def _pct(values: list[float], q: int) -> float:
+    return float(np.percentile(values, q))
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    sizes = results["sizes_mib"]
+    left.plot(sizes, [results["memcpy_gbps"][s] for s in sizes], "k--", marker="o", label="memcpy")
+    left.plot(sizes, [results["raw_te_gbps"][s] for s in sizes], "k:", marker="o", label="raw Mooncake TE")
+    for transport in TRANSPORTS:
+        left.plot(sizes, [results["gbps"][transport][s] for s in sizes], marker="o", label=f"pdmesh {transport}")
+    left.set(xscale="log", yscale="log", xlabel="payload (MiB)", ylabel="GB/s", title="KV read, two processes")
+    left.legend()
+    labels, values = [], []
+    for transport in TRANSPORTS:
+        for num_blocks in HANDOFF_BLOCKS:
+            for mode in ("serial", "concurrent"):
+                labels.append(f"{transport}\n{num_blocks}b {mode[:4]}")
+                values.append(results["handoff_ms"][transport][num_blocks][f"{mode}_p50"])
+    right.bar(range(len(values)), values)
+    right.set_xticks(range(len(values)), labels, fontsize=6)
+    right.set(yscale="log", ylabel="handoff p50 (ms)", title=f"handoff latency (concurrent = {CONCURRENCY} at once)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--total-mib", type=int, default=64)
-    parser.add_argument("--block-kib", type=int, default=1024)
+    parser.add_argument("--sizes-mib", default="1,4,16,64,256")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--handoffs", type=int, default=100, help="one-at-a-time handoffs per prompt size")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of 32 concurrent handoffs per prompt size")
+    parser.add_argument("--out", default=str(REPORT_DIR / "kv_transport"))
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    block_nbytes = args.block_kib * 1024
-    num_blocks = args.total_mib * 1024 // args.block_kib
-    pool = np.random.default_rng(0).integers(0, 255, (num_blocks, block_nbytes), dtype=np.uint8)
-    compat = common_pb2.CompatInfo(model_fingerprint="bench", block_nbytes=block_nbytes)
-    held = HeldTransfers()
-    server = GrpcKVServer(KVTransferServicer(compat, held, lambda block_ids: pool[block_ids]),
-                          "127.0.0.1", 0)
-    receiver = GrpcKVReceiver(compat)
-    try:
-        _pull_once(receiver, server.address, held, "warm-up", num_blocks)
-        grpc_gbps = [_pull_once(receiver, server.address, held, f"t{i}", num_blocks) for i in range(args.repeats)]
-    finally:
-        receiver.close()
-        server.stop(0)
-    started = time.perf_counter()
-    for block in pool:
-        block_checksum(block)
-    checksum_gbps = pool.nbytes / (time.perf_counter() - started) / 1e9
-    memcpy = memcpy_gbps(nbytes=min(pool.nbytes, 64 << 20))
-    grpc_median = statistics.median(grpc_gbps)
-    results = {"workload": vars(args), "grpc_loopback_gbps_median": grpc_median, "grpc_gbps_samples": grpc_gbps,
-               "xxh3_checksum_gbps": checksum_gbps, "memcpy_gbps_median": memcpy,
-               "grpc_over_memcpy": grpc_median / memcpy}
-    json_path = write_results("kv_transport", results)
-    png_path = plot_bars("kv_transport", [("GB/s", {"gRPC KV pull": grpc_median, "xxh3": checksum_gbps,
-                                                    "memcpy": memcpy})])
-    print(f"gRPC KV pull {grpc_median:.3f} GB/s (median of {args.repeats}) | xxh3 {checksum_gbps:.2f} GB/s | "
-          f"memcpy {memcpy:.2f} GB/s | gRPC/memcpy {grpc_median / memcpy:.3f}")
-    print(f"wrote {json_path} and {png_path}")
+    if args.serve:
+        serve(Path(args.serve))
+        return
+    results = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for transport in TRANSPORTS:
+        for num_blocks in HANDOFF_BLOCKS:
+            results["handoff_ms"][transport][num_blocks].pop("concurrent_all")
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    plot(results, out.with_suffix(".png"))
+    big = max(results["sizes_mib"])
+    print(f"at {big} MiB: memcpy {results['memcpy_gbps'][big]:.2f} GB/s, raw TE {results['raw_te_gbps'][big]:.2f}")
+    for transport in TRANSPORTS:
+        gbps = results["gbps"][transport][big]
+        print(f"  {transport:9s} {gbps:.2f} GB/s = {gbps / results['memcpy_gbps'][big]:.2f}x memcpy, "
+              f"{gbps / results['raw_te_gbps'][big]:.2f}x raw TE; handoff p50 ms "
+              + ", ".join(f"{n}b {h['serial_p50']:.2f}/{h['concurrent_p50']:.2f} (p99 {h['serial_p99']:.2f}/"
+                          f"{h['concurrent_p99']:.2f})" for n, h in results["handoff_ms"][transport].items()))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -45,6 +46,8 @@ class LocalCluster:
     store_dir: Path | None = None   # each prefill worker's KV store keeps its NVMe tier in a folder under it
     static_workers: bool = True     # False: the gateway finds the workers in the registry only
     startup_timeout_s: float = 300.0
+    # The workers' shared secret on their KV ports (passed in the environment, not on the command line).
+    mesh_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
     decode_addresses: list[str] = field(default_factory=list)
@@ -119,7 +122,8 @@ class LocalCluster:
                 "--engine.omp_threads_bind", str(core), *self.worker_args, *self.telemetry_args]
         if role == "prefill" and self.store_dir is not None:
             args += ["--store.nvme_dir", str(self.store_dir / f"{role}-{index}")]
-        return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args])
+        return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args],
+                           env={**os.environ, "PDMESH_WORKER_MESH_TOKEN": self.mesh_token})
 
     def _spawn_gateway(self) -> _Process:
         args = ["--port", str(self.gateway_port), "--tokenizer", str(self.model_dir), *self.gateway_args,
@@ -129,13 +133,13 @@ class LocalCluster:
                      "--decode_workers", json.dumps(self.decode_addresses)]
         return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
 
-    def _spawn(self, name: str, command: list[str]) -> _Process:
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> _Process:
         ready_file = self.run_dir / f"{name}.ready.json"
         ready_file.unlink(missing_ok=True)
         log_path = self.run_dir / f"{name}.log"
         with log_path.open("w") as log:
             popen = subprocess.Popen([*command, "--ready_file", str(ready_file), "--exit_with_parent"], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
         process = _Process(name, popen, ready_file, log_path)
         self._processes.append(process)
         return process

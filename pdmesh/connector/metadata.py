@@ -11,12 +11,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 class SendTask:
     """Producer: blocks of a finished prefill to pin until the consumer releases them."""
 
-    transfer_id: str
+    transfer_id: str       # minted by the scheduler side: the consumer's capability to read and free the blocks
     block_ids: list[int]
     token_ids: list[int]   # the tokens the blocks hold, for content hashes
     extra_key: bytes = b""  # the request's cache salt: part of the store's block hashes
     pdmesh_request_id: str = ""
     trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kvstore.save span
+    engine_request_id: str = ""  # reported finished sending under it ("": the transfer id)
 
 
 @dataclass

@@ -167,7 +167,8 @@ class ConnectorScheduler:
         self._sends.append(SendTask(transfer_id, block_ids, list(request.prompt_token_ids[:num_tokens]),
                                     extra_key=_salt(request),
                                     pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
-                                    trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {})))
+                                    trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
+                                    engine_request_id=request.request_id))
         handle = kvp.handle_params(kvp.KVHandle(transfer_id, self._kv_address, tuple(block_ids), num_tokens))
         handle[kvp.LOADED_FROM_STORE] = loaded_from_store
         if stats is not None:

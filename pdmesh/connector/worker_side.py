@@ -217,7 +217,7 @@ class ConnectorWorker:
                                     include_partial=True)
         self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(hashes),
                                     deadline=time.monotonic() + self._hold_timeout_s,
-                                    request_id=send.pdmesh_request_id))
+                                    request_id=send.pdmesh_request_id, engine_request_id=send.engine_request_id))
 
     def _load(self, task: StoreLoadTask) -> None:
         token = context.attach(extract_carrier(task.trace_carrier))

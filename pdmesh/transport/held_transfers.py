@@ -16,7 +16,8 @@ class HeldTransfer:
     block_ids: tuple[int, ...]
     block_hashes: tuple[bytes, ...]
     deadline: float  # time.monotonic() after which the blocks are freed without a release
-    request_id: str = ""  # the pdmesh request it belongs to (the transfer id is the engine's own id)
+    request_id: str = ""  # the pdmesh request it belongs to
+    engine_request_id: str = ""  # the engine's id of the request (what vLLM frees the blocks by); "": transfer_id
 
 
 class HeldTransfers:
@@ -31,6 +32,7 @@ class HeldTransfers:
         self._cond = threading.Condition()
         self._held: dict[str, HeldTransfer] = {}
         self._finished: set[str] = set()
+        self._engine_ids: dict[str, str] = {}  # transfer id: engine request id, until reported finished
         self._leases: Counter[str] = Counter()  # transfer id: local readers (the KV store's save)
         self._released_early: dict[str, float] = {}  # transfer id: forget after this monotonic time
         self._cancelled_early: dict[str, float] = {}  # pdmesh request id: forget after this monotonic time
@@ -39,6 +41,7 @@ class HeldTransfers:
 
     def hold(self, transfer: HeldTransfer) -> None:
         with self._cond:
+            self._engine_ids[transfer.transfer_id] = transfer.engine_request_id or transfer.transfer_id
             early = self._released_early.pop(transfer.transfer_id, None)
             if early is not None or self._cancelled_early.pop(transfer.request_id, None) is not None:
                 self._finished.add(transfer.transfer_id)
@@ -88,7 +91,8 @@ class HeldTransfers:
                 del self._leases[transfer_id]
 
     def take_finished(self, now: float | None = None) -> set[str]:
-        """Ids released since the last call, plus those past their deadline, that no lease holds."""
+        """Engine request ids of the transfers released since the last call, plus those past their
+        deadline, that no lease holds."""
         now = time.monotonic() if now is None else now
         with self._cond:
             expired = [tid for tid, held in self._held.items() if held.deadline <= now and tid not in self._leases]
@@ -101,7 +105,7 @@ class HeldTransfers:
             self._finished |= set(expired)
             finished = {tid for tid in self._finished if tid not in self._leases}
             self._finished -= finished
-            return finished
+            return {self._engine_ids.pop(tid, tid) for tid in finished}
 
     @property
     def num_held(self) -> int:

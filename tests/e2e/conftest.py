@@ -48,6 +48,18 @@ def store_prompt_pair(scenario: str) -> tuple[list[int], list[int]]:
     return tuple(prefix + [rng.randrange(3, 1024) for _ in range(STORE_SUFFIX_TOKENS)] for _ in range(2))
 
 
+# The transport tests' wrong-KV control (test_mesh_transports.py): per transport, a prompt whose KV is
+# altered unchecked, and one whose altered KV the checksum catches. Sent by no other test: decode's
+# prefix cache keeps what landed.
+KV_TRANSPORTS = ["shm", "mooncake", "grpc"]
+TAMPER_PROMPT_TOKENS = 300
+
+
+def tamper_prompts(transport: str) -> tuple[list[int], list[int]]:
+    rng = random.Random(f"tamper-{transport}")
+    return tuple([0] + [rng.randrange(3, 1024) for _ in range(TAMPER_PROMPT_TOKENS - 1)] for _ in range(2))
+
+
 def token_prompts() -> list[list[int]]:
     rng = random.Random(2026)
     return [[0] + [rng.randrange(3, 1024) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
@@ -78,7 +90,8 @@ def run_reference(model_dir: Path, runs: list[dict], work: Path) -> dict:
 def reference(tiny_llama_dir, tmp_path_factory) -> dict:
     """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
     [3] greedy on LOST_KV_PROMPT, [4] greedy on the KV-store scenarios' prompt pairs (flattened),
-    [5] greedy on USER_TEXT_PROMPTS, [6] greedy on USER_CHATS (vLLM's chat), [7] FAILOVER_PROMPT."""
+    [5] greedy on USER_TEXT_PROMPTS, [6] greedy on USER_CHATS (vLLM's chat), [7] FAILOVER_PROMPT,
+    [8] greedy on each transport's tamper_prompts (flattened, in KV_TRANSPORTS order)."""
     return run_reference(tiny_llama_dir, [
         {"prompts": token_prompts(), "sampling": GREEDY},
         {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
@@ -88,6 +101,7 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
         {"prompts": USER_TEXT_PROMPTS, "sampling": GREEDY},
         {"chats": USER_CHATS, "sampling": GREEDY},
         {"prompts": [FAILOVER_PROMPT], "sampling": FAILOVER_SAMPLING},
+        {"prompts": [p for transport in KV_TRANSPORTS for p in tamper_prompts(transport)], "sampling": GREEDY},
     ], tmp_path_factory.mktemp("reference"))
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.vllm
 
 CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
-OUR_SPANS = {"gateway.generate", "prefill", "decode", "kv.transfer", "kv.serve"}
+OUR_SPANS = {"gateway.generate", "prefill", "decode", "kv.transfer", "kv.open"}  # kv.open: shared memory
 
 
 def _ancestors(span, by_id) -> list[str]:
@@ -55,14 +55,14 @@ async def test_one_request_is_one_trace_across_processes(cluster, otlp_receiver)
     assert "gateway.generate" in _ancestors(by_name["prefill"], by_id)
     assert "gateway.generate" in _ancestors(by_name["decode"], by_id)
     assert _ancestors(by_name["kv.transfer"], by_id)[0] == "decode"
-    assert "kv.transfer" in _ancestors(by_name["kv.serve"], by_id)
+    assert "kv.transfer" in _ancestors(by_name["kv.open"], by_id)
     assert [(s.service, s.name) for s in spans if s.attributes.get("pdmesh.request_id") != request_id] == []
 
     transfer = by_name["kv.transfer"].attributes
     assert (transfer["pdmesh.kv.blocks"], transfer["pdmesh.kv.bytes"]) == (3, 3 * 131072)
     assert transfer["pdmesh.kv.gbps"] > 0 and transfer["pdmesh.kv.checksum"] == "ok"
-    assert transfer["pdmesh.kv.transport"] == "grpc"
-    assert by_name["kv.serve"].attributes["pdmesh.kv.bytes"] == 3 * 131072
+    assert transfer["pdmesh.kv.transport"] == "shm"  # the cluster's workers share a host: "auto" agrees shm
+    assert by_name["kv.open"].attributes["pdmesh.kv.blocks"] == 3
     assert by_name["gateway.generate"].attributes["pdmesh.route.decode"] == cluster.decode_addresses[0]
     assert by_name["prefill"].attributes["pdmesh.tokens_computed"] == 71
     assert by_name["decode"].attributes["pdmesh.completion_tokens"] == 4
@@ -106,10 +106,10 @@ async def test_metrics_count_requests_ttft_and_kv_bytes(cluster):
         assert delta(process, "pdmesh_ttft_seconds_count", role=role) == 3
         assert _value(after[process], "pdmesh_worker_healthy", role=role) == 1
     assert delta("decode-0", "pdmesh_kv_transfer_bytes_total", role="decode", direction="received",
-                 transport="grpc") == num_bytes
+                 transport="shm") == num_bytes
     assert delta("prefill-0", "pdmesh_kv_transfer_bytes_total", role="prefill", direction="sent",
-                 transport="grpc") == num_bytes
-    assert delta("decode-0", "pdmesh_kv_transfer_gbps_count", role="decode", transport="grpc") == 3
+                 transport="shm") == num_bytes
+    assert delta("decode-0", "pdmesh_kv_transfer_gbps_count", role="decode", transport="shm") == 3
     assert delta("decode-0", "pdmesh_kv_cache_hit_tokens_total", role="decode", tier="peer") == 3 * 80
     assert delta("decode-0", "pdmesh_kv_cache_query_tokens_total", role="decode") == 3 * 80
     assert delta("gateway", "pdmesh_itl_seconds_count", role="gateway") == num_gaps

@@ -62,7 +62,7 @@ def _same(consumer, producer, local: int, remote: int) -> bool:
 
 def test_blocks_move_between_workers_and_the_producer_frees_them(pair):
     producer, consumer, transport = pair
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS, engine_request_id="e-1")]))
     _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
     assert all(_same(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))
     assert consumer.get_finished() == (None, {"d-1"})
@@ -71,7 +71,7 @@ def test_blocks_move_between_workers_and_the_producer_frees_them(pair):
     assert consumer.take_worker_meta() is None
     assert (stats["num_blocks"], stats["num_bytes"], stats["num_reused_tokens"]) == (3, 3 * 2 * 2 * 32 * 16 * 4, 80)
     assert stats["transport"] == transport
-    assert producer.get_finished() == ({"p-1"}, None)
+    assert producer.get_finished() == ({"e-1"}, None)  # vLLM frees the blocks by its own request id
     assert producer.counters()["kv_bytes_sent_by_transport"] == {transport: stats["num_bytes"]}
 
 
