@@ -38,9 +38,13 @@ def chain_block_hashes(
     """Hashes of consecutive blocks of `token_ids`; the trailing partial block only if asked."""
     num_tokens = len(token_ids)
     end = num_tokens if include_partial else num_tokens - num_tokens % block_size
+    # hash_block's bytes, joined once per block (one hash call each, the tokens converted once)
+    head = len(seed).to_bytes(4, "little") + seed
+    tail = len(extra_key).to_bytes(4, "little") + extra_key
+    tokens = np.asarray(token_ids[:end], dtype="<i4").tobytes()
     hashes: list[bytes] = []
     parent = ROOT_PARENT
-    for start in range(0, end, block_size):
-        parent = hash_block(seed, parent, token_ids[start:start + block_size], extra_key)
+    for start in range(0, end * 4, block_size * 4):
+        parent = xxhash.xxh3_128_digest(b"".join((head, parent, tail, tokens[start:start + block_size * 4])))
         hashes.append(parent)
     return hashes

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from pdmesh.errors import InvalidRequest
-from pdmesh.transport.checksum import block_checksum
-from pdmesh.transport.kv_layout import LayerRegion, block_checksums
+from pdmesh.transport.kv_layout import LayerRegion, block_checksums, row_checksums
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class PagedKVCache:
             self._check(block_id)
         if self.in_place:
             return block_checksums(self.views(), self.regions(), block_ids)
-        return [block_checksum(row) for row in self.read_blocks(block_ids).numpy()]
+        return row_checksums(self.read_blocks(block_ids).numpy(), self.regions())
 
     def share_memory(self) -> list[LayerRegion]:
         """Moves the cache into shared memory, in place (every tensor and view of it follows), and

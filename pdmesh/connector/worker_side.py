@@ -84,6 +84,9 @@ class ConnectorWorker:
         self._exporters: list = []
         self._links: KVLinks | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
+        # Producer: checksums of newly held blocks for the registered-memory transports, off the engine thread.
+        self._checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-sum",
+                                                 initializer=widen_affinity)
         self.saver: StoreSaver | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
@@ -200,6 +203,7 @@ class ConnectorWorker:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._checksum_pool.shutdown(wait=True, cancel_futures=True)
         if self.saver is not None:
             self.saver.shutdown()
         if self._server is not None:
@@ -215,9 +219,12 @@ class ConnectorWorker:
     def _hold(self, send: SendTask) -> None:
         hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
                                     include_partial=True)
+        checksums = (self._checksum_pool.submit(self._paged.block_checksums, list(send.block_ids))
+                     if self._exporters else None)
         self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(hashes),
                                     deadline=time.monotonic() + self._hold_timeout_s,
-                                    request_id=send.pdmesh_request_id, engine_request_id=send.engine_request_id))
+                                    request_id=send.pdmesh_request_id, engine_request_id=send.engine_request_id,
+                                    checksums=checksums))
 
     def _load(self, task: StoreLoadTask) -> None:
         token = context.attach(extract_carrier(task.trace_carrier))
@@ -239,18 +246,21 @@ class ConnectorWorker:
             self._stats_pending[task.request_id] = asdict(stats)
 
     def _receive(self, task: RecvTask) -> None:
+        """Reads, reports the request received (it can run from the next engine step on), then
+        releases the producer's blocks: the release is off the request's path."""
         token = context.attach(extract_carrier(task.trace_carrier))
         try:
             with tracer().start_as_current_span("kv.transfer") as span:
                 stats = self._receive_traced(task, span)
+            self.ledger.record(stats)
+            with self._lock:
+                self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
+                if task.report_done:
+                    self._done_recving.add(task.request_id)
+                    self._stats_pending[task.request_id] = asdict(stats)
         finally:
+            self._release(task)
             context.detach(token)
-        self.ledger.record(stats)
-        with self._lock:
-            self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
-            if task.report_done:
-                self._done_recving.add(task.request_id)
-                self._stats_pending[task.request_id] = asdict(stats)
 
     def _receive_traced(self, task: RecvTask, span) -> TransferStats:
         started = time.perf_counter()
@@ -264,8 +274,6 @@ class ConnectorWorker:
                 self._links.forget(task.kv_address)  # the producer may be gone: handshake again next time
             span.record_exception(exc)
             logger.warning("request %s: KV pull failed (%s); blocks will be recomputed", task.request_id, exc)
-        finally:
-            self._release(task)
         stats.transport = transport
         stats.seconds = time.perf_counter() - started
         stats.num_failed_blocks = len(task.block_indexes) - stats.num_blocks
@@ -283,8 +291,8 @@ class ConnectorWorker:
     def _pull_into_cache(self, task: RecvTask, stats: TransferStats) -> str:
         """Reads the task's blocks through the transport agreed with its producer; counts into `stats`
         as blocks land, so a failure part-way keeps the prefix that arrived. Returns the transport."""
-        expected = chain_block_hashes(fingerprint_seed(self.compat), task.token_ids, self._block_size,
-                                      include_partial=True)
+        expected = _LazyHashes(lambda: chain_block_hashes(fingerprint_seed(self.compat), task.token_ids,
+                                                          self._block_size, include_partial=True))
         started = time.perf_counter()
         link = self._links.link(task.kv_address)
         reader = self._links.reader(link)
@@ -309,6 +317,19 @@ class ConnectorWorker:
         except PDMeshError as exc:
             logger.warning("transfer %s: release failed (%s); producer frees it at its deadline",
                            task.transfer_id, exc)
+
+
+class _LazyHashes:
+    """The request's block hashes, computed on first use (while the reader's first call travels)."""
+
+    def __init__(self, compute) -> None:
+        self._compute = compute
+        self._hashes: list[bytes] | None = None
+
+    def __getitem__(self, index: int) -> bytes:
+        if self._hashes is None:
+            self._hashes = self._compute()
+        return self._hashes[index]
 
 
 def _overwrite(buffer) -> None:

@@ -3,7 +3,7 @@ every transport) and the gRPC transport's streamed pull."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
@@ -23,6 +23,10 @@ class GrpcKVReceiver:
         self._metadata = mesh_metadata(mesh_token)
         self._channels = ChannelCache()
 
+    @property
+    def block_nbytes(self) -> int:
+        return self._compat.block_nbytes
+
     def handshake(self, address: str, transports: Sequence[str], host_id: str) -> PeerLink:
         request = kv_transfer_pb2.HandshakeRequest(compat=self._compat, transports=list(transports), host_id=host_id)
         response = self._call(self._stub(address).Handshake, request)
@@ -31,9 +35,22 @@ class GrpcKVReceiver:
 
     def open(self, address: str, transfer_id: str, block_indexes: Sequence[int],
              transport: str) -> kv_transfer_pb2.OpenResponse:
+        return self.open_soon(address, transfer_id, block_indexes, transport)()
+
+    def open_soon(self, address: str, transfer_id: str, block_indexes: Sequence[int],
+                  transport: str) -> Callable[[], kv_transfer_pb2.OpenResponse]:
+        """Sends the Open; the returned call waits for its answer (work can happen in between)."""
         request = kv_transfer_pb2.OpenRequest(transfer_id=transfer_id, block_indexes=list(block_indexes),
                                               compat=self._compat, transport=transport)
-        return self._call(self._stub(address).Open, request)
+        future = self._stub(address).Open.future(request, timeout=self._timeout_s, metadata=self._metadata)
+
+        def answer() -> kv_transfer_pb2.OpenResponse:
+            try:
+                return future.result()
+            except grpc.RpcError as exc:
+                raise error_from_rpc_error(exc) from exc
+
+        return answer
 
     def pull(self, address: str, transfer_id: str, block_indexes: Sequence[int],
              verify: bool = True, tamper=None) -> Iterator[AssembledBlock]:

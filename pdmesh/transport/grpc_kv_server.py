@@ -87,7 +87,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 span.record_exception(exc)
                 self._abort(context, exc)
             block_ids = [transfer.block_ids[i] for i in request.block_indexes]
-            checksums = self._block_checksums(block_ids)
+            checksums = self._checksums(transfer, request.block_indexes, block_ids)
             self._count(len(block_ids), len(block_ids) * self._compat.block_nbytes, request.transport or "unknown")
             span.set_attribute("pdmesh.kv.blocks", len(block_ids))
             return kv_transfer_pb2.OpenResponse(block_ids=block_ids, checksums=checksums,
@@ -114,6 +114,12 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
 
     def Release(self, request, context):
         return kv_transfer_pb2.ReleaseResponse(released=self._held.release(request.transfer_id))
+
+    def _checksums(self, transfer: HeldTransfer, block_indexes, block_ids: list[int]) -> list[int]:
+        if transfer.checksums is None:
+            return self._block_checksums(block_ids)
+        every = transfer.checksums.result(timeout=self._wait_timeout_s)
+        return [every[i] for i in block_indexes]
 
     def _count(self, num_blocks: int, num_bytes: int, transport: str) -> None:
         with self._lock:

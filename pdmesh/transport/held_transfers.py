@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from pdmesh.errors import TransferNotFound
 
@@ -18,6 +19,9 @@ class HeldTransfer:
     deadline: float  # time.monotonic() after which the blocks are freed without a release
     request_id: str = ""  # the pdmesh request it belongs to
     engine_request_id: str = ""  # the engine's id of the request (what vLLM frees the blocks by); "": transfer_id
+    # The blocks' checksums for the registered-memory transports, computed off the engine thread as
+    # soon as the blocks are held (an Open waits for them instead of reading the blocks itself).
+    checksums: Future | None = field(default=None, compare=False)
 
 
 class HeldTransfers:

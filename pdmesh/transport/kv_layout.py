@@ -3,7 +3,9 @@ two caches: what the registered-memory transports (shared memory, Mooncake) exch
 
 A layer's block `b` is `num_parts` pieces (K and V when a layer keeps them apart, else one) of
 `part_nbytes` each, at `base + part * part_stride + b * block_stride`. A block's bytes, in wire
-order, are its layers' pieces in layer order: the bytes the gRPC path sends and checksums.
+order, are its layers' pieces in layer order: the bytes the gRPC path sends. The registered-memory
+transports checksum a block piece by piece (xxh3-64 of each piece, then of those digests in order),
+so a reader can hash each piece while it is still in cache from the copy that landed it.
 No torch here: both ends and the benchmarks describe memory with plain numbers.
 """
 
@@ -51,12 +53,15 @@ class LayerRegion:
 @dataclass(frozen=True)
 class Copy:
     """One contiguous copy: `nbytes` from offset `src` of the source layer to offset `dst` of the
-    destination layer (offsets from each region's base)."""
+    destination layer (offsets from each region's base): piece `part` of the blocks from position
+    `first` in the id lists on."""
 
     layer: int
     src: int
     dst: int
     nbytes: int
+    first: int = 0
+    part: int = 0
 
 
 def check_same_shape(src: Sequence[LayerRegion], dst: Sequence[LayerRegion]) -> None:
@@ -85,23 +90,51 @@ def copy_plan(src: Sequence[LayerRegion], dst: Sequence[LayerRegion], src_ids: S
         mergeable = s.block_stride == s.part_nbytes and d.block_stride == d.part_nbytes
         runs = (contiguous_runs(src_ids, dst_ids) if mergeable
                 else ((a, b, 1) for a, b in zip(src_ids, dst_ids)))
+        first = 0
         for src_first, dst_first, length in runs:
             for part in range(s.num_parts):
                 copies.append(Copy(layer, s.offset(src_first, part), d.offset(dst_first, part),
-                                   length * s.part_nbytes))
+                                   length * s.part_nbytes, first, part))
+            first += length
     return copies
+
+
+def piece_index(regions: Sequence[LayerRegion]) -> list[int]:
+    """For each layer, the position of its first piece among a block's pieces."""
+    starts, total = [], 0
+    for region in regions:
+        starts.append(total)
+        total += region.num_parts
+    return starts
+
+
+def combine(piece_digests: np.ndarray) -> list[int]:
+    """Block checksums from their pieces' digests ((blocks, pieces) uint64, pieces in wire order)."""
+    return [xxhash.xxh3_64_intdigest(row.tobytes()) for row in piece_digests]
 
 
 def block_checksums(layers: Sequence[np.ndarray], regions: Sequence[LayerRegion],
                     block_ids: Sequence[int]) -> list[int]:
-    """xxh3-64 of each block's wire bytes, read in place from `layers` (each a flat uint8 view of its
-    region from base): the value the gRPC path computes over the gathered row, without gathering."""
-    checksums = []
-    for block_id in block_ids:
-        hasher = xxhash.xxh3_64()
-        for view, region in zip(layers, regions):
-            for part in range(region.num_parts):
-                start = region.offset(block_id, part)
-                hasher.update(view[start:start + region.part_nbytes])
-        checksums.append(hasher.intdigest())
-    return checksums
+    """Each block's checksum, read in place from `layers` (each a flat uint8 view of its region from
+    base): no gather."""
+    digests = np.empty((len(block_ids), sum(r.num_parts for r in regions)), dtype=np.uint64)
+    digest, views = xxhash.xxh3_64_intdigest, [memoryview(view) for view in layers]  # slices cheaper than numpy's
+    column = 0
+    for view, region in zip(views, regions):
+        for part in range(region.num_parts):
+            starts = [region.offset(block_id, part) for block_id in block_ids]
+            digests[:, column] = [digest(view[start:start + region.part_nbytes]) for start in starts]
+            column += 1
+    return combine(digests)
+
+
+def row_checksums(rows: np.ndarray, regions: Sequence[LayerRegion]) -> list[int]:
+    """block_checksums of gathered wire rows ((n, block_nbytes) uint8)."""
+    piece_nbytes = [r.part_nbytes for r in regions for _ in range(r.num_parts)]
+    digests = np.empty((len(rows), len(piece_nbytes)), dtype=np.uint64)
+    for i, row in enumerate(rows):
+        offset = 0
+        for column, nbytes in enumerate(piece_nbytes):
+            digests[i, column] = xxhash.xxh3_64_intdigest(row[offset:offset + nbytes])
+            offset += nbytes
+    return combine(digests)

@@ -53,7 +53,8 @@ class KVReader(Protocol):
                     options: ReadOptions = ReadOptions()) -> Iterator[int]:
         """Moves the transfer's blocks at `block_indexes` into `local_block_ids`, in order, yielding
         how many have landed verified so far; raises a domain error at the first block that fails
-        (the ones before it stay)."""
+        (the ones before it stay). `expected_hashes` (the content hash of each of the request's
+        blocks) may compute itself on first use: readers touch it while their first call travels."""
         ...
 
     def close(self) -> None:

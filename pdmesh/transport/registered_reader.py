@@ -14,7 +14,7 @@ from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.kv_layout import Copy, LayerRegion, copy_plan
 from pdmesh.transport.kv_transport import PeerLink, ReadOptions
 
-BATCH_BLOCKS = 64  # blocks moved, then verified, at a time: a failure keeps the batches before it
+BATCH_NBYTES = 16 << 20  # moved, then verified, at a time: a failure keeps the batches before it
 
 
 class RegisteredMemoryReader:
@@ -31,18 +31,21 @@ class RegisteredMemoryReader:
     def read_blocks(self, link: PeerLink, transfer_id: str, block_indexes: Sequence[int],
                     local_block_ids: Sequence[int], expected_hashes: Sequence[bytes],
                     options: ReadOptions = ReadOptions()) -> Iterator[int]:
-        opened = self._control.open(link.address, transfer_id, block_indexes, self.transport)
+        answer = self._control.open_soon(link.address, transfer_id, block_indexes, self.transport)
+        expected = [expected_hashes[index] for index in block_indexes]  # (computed while the Open travels)
+        opened = answer()
         if len(opened.block_ids) != len(block_indexes) or len(opened.checksums) != len(block_indexes):
             raise WorkerFailed(f"transfer {transfer_id}: opened {len(opened.block_ids)} of {len(block_indexes)} blocks")
-        num_good = next((i for i, index in enumerate(block_indexes)
-                         if opened.block_hashes[i] != expected_hashes[index]), len(block_indexes))
-        for start in range(0, num_good, BATCH_BLOCKS):
-            end = min(start + BATCH_BLOCKS, num_good)
+        num_good = next((i for i, (sent, want) in enumerate(zip(opened.block_hashes, expected)) if sent != want),
+                        len(block_indexes))
+        per_batch = max(1, BATCH_NBYTES // self._control.block_nbytes)
+        for start in range(0, num_good, per_batch):
+            end = min(start + per_batch, num_good)
             local = list(local_block_ids[start:end])
-            self._move(link, copy_plan(link.regions, self._local, opened.block_ids[start:end], local))
-            if options.tamper is not None:
-                self._tamper(local[0], options.tamper)
-            bad = self._first_bad(local, opened.checksums[start:end]) if options.verify else None
+            landed = self._land(link, copy_plan(link.regions, self._local, opened.block_ids[start:end], local),
+                                local, options)
+            bad = (next((i for i, (got, sent) in enumerate(zip(landed, opened.checksums[start:end])) if got != sent),
+                        None) if landed is not None else None)
             if bad is not None:
                 if bad:
                     yield start + bad
@@ -52,12 +55,16 @@ class RegisteredMemoryReader:
         if num_good < len(block_indexes):
             raise BlockHashMismatch(f"block {block_indexes[num_good]} holds other tokens than the request's")
 
+    def _land(self, link: PeerLink, copies: list[Copy], local_block_ids: list[int],
+              options: ReadOptions) -> list[int] | None:
+        """Moves a batch; returns the checksums of the bytes that landed (None: not verifying)."""
+        self._move(link, copies)
+        if options.tamper is not None:
+            self._tamper(local_block_ids[0], options.tamper)
+        return self._local_checksums(local_block_ids) if options.verify else None
+
     def _move(self, link: PeerLink, copies: list[Copy]) -> None:
         raise NotImplementedError
-
-    def _first_bad(self, local_block_ids: list[int], checksums: Sequence[int]) -> int | None:
-        landed = self._local_checksums(local_block_ids)
-        return next((i for i, (got, sent) in enumerate(zip(landed, checksums)) if got != sent), None)
 
     def _tamper(self, local_block_id: int, tamper) -> None:
         if self._local_views is None:

@@ -1,9 +1,9 @@
 """Block addressing and copy plans of the registered-memory transports."""
 
 import numpy as np
+import xxhash
 
-from pdmesh.transport.checksum import block_checksum
-from pdmesh.transport.kv_layout import Copy, LayerRegion, block_checksums, contiguous_runs, copy_plan
+from pdmesh.transport.kv_layout import Copy, LayerRegion, block_checksums, contiguous_runs, copy_plan, row_checksums
 
 
 def _region(num_blocks: int, num_parts: int = 1, part_nbytes: int = 8) -> LayerRegion:
@@ -18,18 +18,24 @@ def test_runs_break_where_either_side_stops_counting_up():
 
 def test_a_run_of_blocks_is_one_copy_per_layer_and_part():
     src, dst = [_region(16, num_parts=2)], [_region(8, num_parts=2)]
-    assert copy_plan(src, dst, [3, 4, 5], [0, 1, 2]) == [Copy(0, 24, 0, 24), Copy(0, 128 + 24, 64, 24)]
+    assert copy_plan(src, dst, [3, 4, 5], [0, 1, 2]) == [Copy(0, 24, 0, 24, first=0, part=0),
+                                                                 Copy(0, 128 + 24, 64, 24, first=0, part=1)]
 
 
 def test_blocks_whose_pieces_are_not_back_to_back_move_one_by_one():
     padded = LayerRegion(base=0, nbytes=256, block_stride=16, part_stride=0, num_parts=1, part_nbytes=8)
-    assert copy_plan([padded], [_region(8)], [1, 2], [0, 1]) == [Copy(0, 16, 0, 8), Copy(0, 32, 8, 8)]
+    assert copy_plan([padded], [_region(8)], [1, 2], [0, 1]) == [Copy(0, 16, 0, 8), Copy(0, 32, 8, 8, first=1)]
 
 
-def test_checksums_in_place_equal_the_gathered_rows_checksums():
+def test_checksums_in_place_equal_the_gathered_rows_checksums_and_hash_every_piece():
     rng = np.random.default_rng(0)
     regions = [_region(4, num_parts=2), _region(4)]
     views = [rng.integers(0, 256, r.nbytes, dtype=np.uint8) for r in regions]
-    rows = [np.concatenate([views[0][b * 8:b * 8 + 8], views[0][32 + b * 8:32 + b * 8 + 8], views[1][b * 8:b * 8 + 8]])
-            for b in (2, 0)]
-    assert block_checksums(views, regions, [2, 0]) == [block_checksum(row) for row in rows]
+    pieces = {b: [views[0][b * 8:b * 8 + 8], views[0][32 + b * 8:32 + b * 8 + 8], views[1][b * 8:b * 8 + 8]]
+              for b in (2, 0)}
+    want = [xxhash.xxh3_64_intdigest(b"".join(xxhash.xxh3_64_digest(p)[::-1] for p in pieces[b])) for b in (2, 0)]
+    assert block_checksums(views, regions, [2, 0]) == want
+    assert row_checksums(np.stack([np.concatenate(pieces[b]) for b in (2, 0)]), regions) == want
+    views[0][32 + 2 * 8 + 3] ^= 1  # one bit of block 2's second piece
+    flipped = block_checksums(views, regions, [2, 0])
+    assert flipped[0] != want[0] and flipped[1] == want[1]
