@@ -159,8 +159,7 @@ def run(args) -> dict:
 
 def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
     results = {"block_nbytes": BLOCK_NBYTES, "sizes_mib": sizes, "memcpy_gbps": {}, "raw_te_gbps": {},
-               "gbps": {t: {} for t in TRANSPORTS}, "handoff_ms": {t: {} for t in TRANSPORTS},
-               "slowest_vs_rate": {t: {} for t in TRANSPORTS}}
+               "gbps": {t: {} for t in TRANSPORTS}, "handoff_ms": {t: {} for t in TRANSPORTS}}
     for size in sizes:
         results["memcpy_gbps"][size] = _memcpy_gbps(size << 20, args.repeats)
     for transport in TRANSPORTS:
@@ -179,9 +178,6 @@ def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
             for num_blocks in HANDOFF_BLOCKS:
                 results["handoff_ms"][transport][num_blocks] = _handoffs(consumer, served["address"], plan, transport,
                                                                          num_blocks)
-                rate = results["gbps"][transport][min(sizes)] * 1e9
-                slowest = max(results["handoff_ms"][transport][num_blocks]["concurrent_all"]) / 1e3
-                results["slowest_vs_rate"][transport][num_blocks] = slowest / (num_blocks * BLOCK_NBYTES / rate)
             print(transport, json.dumps({k: results[k][transport] for k in ("gbps",)}), flush=True)
         finally:
             consumer.shutdown()
@@ -191,14 +187,21 @@ def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
 def _handoffs(consumer, address: str, plan, transport: str, num_blocks: int) -> dict:
     serial = [_read(consumer, address, *item) * 1e3 for item in plan[(transport, f"h{num_blocks}-serial")]]
     items = plan[(transport, f"h{num_blocks}-concurrent")]
-    concurrent = []
+    concurrent, walls = [], []
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         for start in range(0, len(items), CONCURRENCY):
             batch = items[start:start + CONCURRENCY]
+            started = time.perf_counter()
             concurrent += [s * 1e3 for s in pool.map(lambda item: _read(consumer, address, *item), batch)]
+            walls.append(time.perf_counter() - started)
+    # Under concurrency a transfer's fair share is the round's rate split 32 ways: the slowest transfer
+    # against that share says whether one waits behind the others (1 = none does).
+    round_gbps = [CONCURRENCY * num_blocks * BLOCK_NBYTES / wall / 1e9 for wall in walls]
+    fair_share_ms = num_blocks * BLOCK_NBYTES / (statistics.median(round_gbps) * 1e9 / CONCURRENCY) * 1e3
     return {"serial_p50": _pct(serial, 50), "serial_p99": _pct(serial, 99),
             "concurrent_p50": _pct(concurrent, 50), "concurrent_p99": _pct(concurrent, 99),
-            "concurrent_all": concurrent}
+            "concurrent_gbps": statistics.median(round_gbps),
+            "slowest_vs_fair_share": max(concurrent) / fair_share_ms, "concurrent_all": concurrent}
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -260,7 +263,8 @@ def main() -> None:
         print(f"  {transport:9s} {gbps:.2f} GB/s = {gbps / results['memcpy_gbps'][big]:.2f}x memcpy, "
               f"{gbps / results['raw_te_gbps'][big]:.2f}x raw TE; handoff p50 ms "
               + ", ".join(f"{n}b {h['serial_p50']:.2f}/{h['concurrent_p50']:.2f} (p99 {h['serial_p99']:.2f}/"
-                          f"{h['concurrent_p99']:.2f})" for n, h in results["handoff_ms"][transport].items()))
+                          f"{h['concurrent_p99']:.2f}; slowest {h['slowest_vs_fair_share']:.2f}x its share of "
+                          f"{h['concurrent_gbps']:.2f} GB/s)" for n, h in results["handoff_ms"][transport].items()))
 
 
 if __name__ == "__main__":

@@ -145,6 +145,10 @@ class KVFaultSettings(BaseModel):
 
     tamper_request_prefix: str = ""
     unverified_request_prefix: str = ""
+    # Requests whose mesh id starts with this pause `stall_s` in the middle of their KV read (after
+    # opening it; after the first message on gRPC): the window the fault tests kill a peer in.
+    stall_request_prefix: str = ""
+    stall_s: float = 0.0
 
 
 class KVTransportSettings(BaseModel):

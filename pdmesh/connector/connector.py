@@ -69,7 +69,7 @@ class PDMeshConnector(KVConnectorBase_V1):
             pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
             telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
             store=store, kv_advertise_host=extra.get("kv_advertise_host"),
-            transport=KVTransportSettings(**(extra.get("transport") or {})))
+            transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank())
 
     @property
     def worker(self) -> ConnectorWorker:
@@ -129,3 +129,13 @@ class PDMeshConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)
+
+
+def _tp_rank() -> int:
+    """This worker's tensor-parallel rank (0 outside an initialized vLLM worker)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except (AssertionError, ImportError, RuntimeError):
+        return 0

@@ -54,13 +54,16 @@ class ConnectorWorker:
     def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
                  hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
                  store: StoreSettings | None = None, kv_advertise_host: str | None = None,
-                 transport: KVTransportSettings | None = None) -> None:
+                 transport: KVTransportSettings | None = None, tp_rank: int = 0) -> None:
         role = "prefill" if is_producer else "decode"
         self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
         self._block_size = block_size
         self._is_producer = is_producer
-        self._kv_host, self._kv_port = kv_host, kv_port
+        # Each tensor-parallel rank serves its own KV on kv_port + rank, and reads from the producer's
+        # same rank (the handle names rank 0's port): no two ranks share a port.
+        self._tp_rank = tp_rank
+        self._kv_host, self._kv_port = kv_host, kv_port + tp_rank if kv_port else 0
         self._kv_advertise_host = kv_advertise_host or kv_host
         self._transport = transport or KVTransportSettings()
         self._store_settings = store if store is not None and store.enabled and is_producer else None
@@ -155,7 +158,8 @@ class ConnectorWorker:
         return readers
 
     def _mooncake_engine(self) -> MooncakeEngine:
-        return shared_engine(self._kv_advertise_host, self._transport.mooncake_protocol, self._transport.mooncake_device)
+        return shared_engine(self._kv_advertise_host, self._transport.mooncake_protocol, self._transport.mooncake_device,
+                             self._pull_timeout_s)
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
         if self.compute_rate is not None:
@@ -271,7 +275,7 @@ class ConnectorWorker:
         except Exception as exc:  # noqa: BLE001 - a failed pull becomes recompute, never a crash
             result = "mismatch" if isinstance(exc, (ChecksumMismatch, BlockHashMismatch)) else "error"
             if result == "error":
-                self._links.forget(task.kv_address)  # the producer may be gone: handshake again next time
+                self._links.forget(self._peer(task))  # the producer may be gone: handshake again next time
             span.record_exception(exc)
             logger.warning("request %s: KV pull failed (%s); blocks will be recomputed", task.request_id, exc)
         stats.transport = transport
@@ -280,7 +284,7 @@ class ConnectorWorker:
         stats.num_local_tokens = task.num_local_tokens
         stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
         span.set_attributes({
-            "pdmesh.kv.transport": transport, "pdmesh.kv.peer": task.kv_address, "pdmesh.kv.checksum": result,
+            "pdmesh.kv.transport": transport, "pdmesh.kv.peer": self._peer(task), "pdmesh.kv.checksum": result,
             "pdmesh.kv.blocks": stats.num_blocks, "pdmesh.kv.failed_blocks": stats.num_failed_blocks,
             "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,
             "pdmesh.kv.first_block_s": stats.first_block_seconds,
@@ -294,7 +298,7 @@ class ConnectorWorker:
         expected = _LazyHashes(lambda: chain_block_hashes(fingerprint_seed(self.compat), task.token_ids,
                                                           self._block_size, include_partial=True))
         started = time.perf_counter()
-        link = self._links.link(task.kv_address)
+        link = self._links.link(self._peer(task))
         reader = self._links.reader(link)
         for num_landed in reader.read_blocks(link, task.transfer_id, task.block_indexes, task.local_block_ids,
                                              expected, self._read_options(task)):
@@ -304,16 +308,25 @@ class ConnectorWorker:
             stats.num_bytes = num_landed * self.compat.block_nbytes
         return link.transport
 
+    def _peer(self, task: RecvTask) -> str:
+        """The producer's KV port of this rank."""
+        if not self._tp_rank:
+            return task.kv_address
+        host, port = task.kv_address.rsplit(":", 1)
+        return f"{host}:{int(port) + self._tp_rank}"
+
     def _read_options(self, task: RecvTask) -> ReadOptions:
         faults = self._transport.kv_faults
         tamper = faults.tamper_request_prefix and task.pdmesh_request_id.startswith(faults.tamper_request_prefix)
         unverified = (faults.unverified_request_prefix
                       and task.pdmesh_request_id.startswith(faults.unverified_request_prefix))
-        return ReadOptions(verify=not unverified, tamper=_overwrite if tamper else None)
+        stall = faults.stall_request_prefix and task.pdmesh_request_id.startswith(faults.stall_request_prefix)
+        return ReadOptions(verify=not unverified, tamper=_overwrite if tamper else None,
+                           stall_s=faults.stall_s if stall else 0.0)
 
     def _release(self, task: RecvTask) -> None:
         try:
-            self._links.control.release(task.kv_address, task.transfer_id)
+            self._links.control.release(self._peer(task), task.transfer_id)
         except PDMeshError as exc:
             logger.warning("transfer %s: release failed (%s); producer frees it at its deadline",
                            task.transfer_id, exc)

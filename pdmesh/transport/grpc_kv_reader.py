@@ -3,6 +3,7 @@ with one call of `write_rows` (one scatter per layer)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -33,6 +34,8 @@ class GrpcKVReader:
                 self._write_rows(list(local_block_ids[num_landed:num_landed + len(good)]), rows_of(blocks)[:len(good)])
                 num_landed += len(good)
                 yield num_landed
+                if options.stall_s and num_landed == len(good):
+                    time.sleep(options.stall_s)
             if error is not None:
                 raise error[1]
 

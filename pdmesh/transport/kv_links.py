@@ -17,6 +17,7 @@ class KVLinks:
         self._readers = {reader.transport: reader for reader in readers}
         self._order = [reader.transport for reader in readers]  # this consumer's preference
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()
         self._links: dict[str, PeerLink] = {}
 
     @property
@@ -26,10 +27,18 @@ class KVLinks:
     def link(self, address: str) -> PeerLink:
         with self._lock:
             link = self._links.get(address)
-        if link is None:
-            link = self.control.handshake(address, self._order, host_id())
+        if link is not None:
+            return link
+        with self._connecting:  # one handshake at a time (they are rare: once per producer)
             with self._lock:
-                self._links[address] = link
+                link = self._links.get(address)
+            if link is None:
+                link = self.control.handshake(address, self._order, host_id())
+                connect = getattr(self._readers[link.transport], "connect", None)
+                if connect is not None:
+                    connect(link)
+                with self._lock:
+                    self._links[address] = link
         return link
 
     def reader(self, link: PeerLink) -> KVReader:

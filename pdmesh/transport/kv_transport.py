@@ -41,6 +41,7 @@ class ReadOptions:
 
     verify: bool = True
     tamper: Callable[[object], None] | None = field(default=None, compare=False)
+    stall_s: float = 0.0  # fault tests: a pause in the middle of the read (a peer is killed meanwhile)
 
 
 class KVReader(Protocol):

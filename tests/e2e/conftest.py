@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 
 from gateway.server import Gateway
@@ -60,6 +59,13 @@ def tamper_prompts(transport: str) -> tuple[list[int], list[int]]:
     return tuple([0] + [rng.randrange(3, 1024) for _ in range(TAMPER_PROMPT_TOKENS - 1)] for _ in range(2))
 
 
+def kill_prompts(transport: str) -> tuple[list[int], list[int]]:
+    """A decode, then the prefill, is killed in the middle of these prompts' KV reads (16 blocks: two
+    gRPC messages)."""
+    rng = random.Random(f"kill-{transport}")
+    return tuple([0] + [rng.randrange(3, 1024) for _ in range(499)] for _ in range(2))
+
+
 def token_prompts() -> list[list[int]]:
     rng = random.Random(2026)
     return [[0] + [rng.randrange(3, 1024) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
@@ -91,7 +97,8 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
     """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
     [3] greedy on LOST_KV_PROMPT, [4] greedy on the KV-store scenarios' prompt pairs (flattened),
     [5] greedy on USER_TEXT_PROMPTS, [6] greedy on USER_CHATS (vLLM's chat), [7] FAILOVER_PROMPT,
-    [8] greedy on each transport's tamper_prompts (flattened, in KV_TRANSPORTS order)."""
+    [8] greedy on each transport's tamper_prompts (flattened, in KV_TRANSPORTS order), [9] the same
+    for kill_prompts."""
     return run_reference(tiny_llama_dir, [
         {"prompts": token_prompts(), "sampling": GREEDY},
         {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
@@ -102,6 +109,7 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
         {"chats": USER_CHATS, "sampling": GREEDY},
         {"prompts": [FAILOVER_PROMPT], "sampling": FAILOVER_SAMPLING},
         {"prompts": [p for transport in KV_TRANSPORTS for p in tamper_prompts(transport)], "sampling": GREEDY},
+        {"prompts": [p for transport in KV_TRANSPORTS for p in kill_prompts(transport)], "sampling": GREEDY},
     ], tmp_path_factory.mktemp("reference"))
 
 

@@ -1,11 +1,14 @@
 """The mesh on each KV transport forced in turn (shared memory, Mooncake Transfer Engine over TCP,
-gRPC): greedy output equals monolithic vLLM token for token; the transport shows in the kv.transfer
-span and the Prometheus `transport` label; and the wrong-KV control: KV altered between producer
-and consumer changes the output when the checksum is off, and is caught and recomputed when on."""
+gRPC), 1 prefill and 2 decodes: greedy output equals monolithic vLLM token for token; the transport
+shows in the kv.transfer span and the Prometheus `transport` label; the wrong-KV control (KV altered
+between producer and consumer changes the output when the checksum is off, and is caught and
+recomputed when on); and a peer SIGKILLed in the middle of a read. The kill tests run last: the
+module keeps its cluster."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 
 import pytest
@@ -13,22 +16,27 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
-from tests.e2e.conftest import KV_TRANSPORTS, MAX_TOKENS, PROMPT_LENGTHS, assert_nothing_pinned, tamper_prompts, \
-    telemetry_flags, token_prompts, worker_stats
+from tests.e2e.conftest import KV_TRANSPORTS, MAX_TOKENS, PROMPT_LENGTHS, assert_nothing_pinned, in_process_gateway, \
+    kill_prompts, tamper_prompts, telemetry_flags, token_prompts, worker_stats
 
 pytestmark = pytest.mark.vllm
+STALL_S = 3.0
 FAULT_ARGS = ["--kv_faults.tamper_request_prefix", "tamper-",
-              "--kv_faults.unverified_request_prefix", "tamper-unverified-"]
+              "--kv_faults.unverified_request_prefix", "tamper-unverified-",
+              "--kv_faults.stall_request_prefix", "stall-", "--kv_faults.stall_s", str(STALL_S),
+              "--pull_timeout_s", "6"]  # a read from a dead peer fails within 6 s (Mooncake's floor: 5)
 
 
 @pytest.fixture(scope="module", params=KV_TRANSPORTS)
 def mesh(request, tiny_llama_dir, reference, otlp_receiver, tmp_path_factory):
     transport = request.param
-    with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp(f"cluster-{transport}"),
+    with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp(f"cluster-{transport}"), num_decode=2,
                       worker_args=["--kv_transport", transport, *FAULT_ARGS],
                       telemetry_args=telemetry_flags(otlp_receiver.endpoint)) as running:
+        running.killed = []
         yield transport, running
-        assert_nothing_pinned(running)
+        if not running.killed:
+            assert_nothing_pinned(running)
 
 
 async def test_greedy_tokens_equal_monolithic_on_each_transport(mesh, reference):
@@ -52,9 +60,14 @@ def _scrape(address: str) -> dict:
 async def test_the_transport_is_in_the_span_and_the_metric_label(mesh, otlp_receiver):
     transport, cluster = mesh
     request_id = f"labelled-{transport}"
-    labels = (("direction", "received"), ("role", "decode"), ("transport", transport))
-    sent = (("direction", "sent"), ("role", "prefill"), ("transport", transport))
-    before = (_scrape(cluster.metrics_addresses["decode-0"]), _scrape(cluster.metrics_addresses["prefill-0"]))
+    received = ("pdmesh_kv_transfer_bytes_total", (("direction", "received"), ("role", "decode"), ("transport", transport)))
+    sent = ("pdmesh_kv_transfer_bytes_total", (("direction", "sent"), ("role", "prefill"), ("transport", transport)))
+
+    def totals() -> tuple[float, float]:
+        decodes = sum(_scrape(cluster.metrics_addresses[f"decode-{i}"]).get(received, 0) for i in range(2))
+        return decodes, _scrape(cluster.metrics_addresses["prefill-0"]).get(sent, 0)
+
+    before = totals()
     prompt = [0] + [(i * 13 + len(transport)) % 1000 + 3 for i in range(99)]  # 4 blocks, sent by no other test
     _, _, last = await generate(cluster.gateway_address, make_request(prompt, max_tokens=2, request_id=request_id))
     assert last.transfer.num_bytes == 4 * 131072
@@ -65,10 +78,8 @@ async def test_the_transport_is_in_the_span_and_the_metric_label(mesh, otlp_rece
     (span,) = mine(otlp_receiver.wait_for(lambda spans: mine(spans)))
     assert (span.attributes["pdmesh.kv.transport"], span.attributes["pdmesh.kv.checksum"]) == (transport, "ok")
     assert span.attributes["pdmesh.kv.bytes"] == last.transfer.num_bytes
-    after = (_scrape(cluster.metrics_addresses["decode-0"]), _scrape(cluster.metrics_addresses["prefill-0"]))
-    key = "pdmesh_kv_transfer_bytes_total"
-    assert after[0][(key, labels)] - before[0].get((key, labels), 0) == last.transfer.num_bytes
-    assert after[1][(key, sent)] - before[1].get((key, sent), 0) == last.transfer.num_bytes
+    after = totals()
+    assert (after[0] - before[0], after[1] - before[1]) == (last.transfer.num_bytes, last.transfer.num_bytes)
 
 
 async def test_altered_kv_changes_the_output_unchecked_and_is_recomputed_when_checked(mesh, reference):
@@ -78,16 +89,76 @@ async def test_altered_kv_changes_the_output_unchecked_and_is_recomputed_when_ch
     index = KV_TRANSPORTS.index(transport)
     wants = reference["runs"][8]["token_ids"][2 * index:2 * index + 2]
     unchecked, checked = tamper_prompts(transport)
-    before = await worker_stats(cluster.decode_addresses[0])
+    before = await _failed_blocks(cluster)
     token_ids, _, last = await generate(cluster.gateway_address, make_request(
         unchecked, max_tokens=MAX_TOKENS, request_id=f"tamper-unverified-{transport}"))
     assert last.transfer.num_blocks > 0
     assert token_ids != wants[0], f"{transport}: altered KV left the output unchanged: the control proves nothing"
-    middle = await worker_stats(cluster.decode_addresses[0])
-    assert middle.kv_failed_blocks == before.kv_failed_blocks
+    middle = await _failed_blocks(cluster)
+    assert middle == before
     token_ids, _, last = await generate(cluster.gateway_address, make_request(
         checked, max_tokens=MAX_TOKENS, request_id=f"tamper-{transport}"))
     assert token_ids == wants[1]
-    after = await worker_stats(cluster.decode_addresses[0])
-    assert after.kv_failed_blocks - middle.kv_failed_blocks == -(-len(checked) // 32)  # every block refused
+    assert await _failed_blocks(cluster) - middle == -(-len(checked) // 32)  # every block refused
     assert last.transfer.num_blocks == 0
+
+
+async def _failed_blocks(cluster: LocalCluster) -> int:
+    live = [address for address in cluster.decode_addresses if address not in cluster.killed]
+    return sum(stats.kv_failed_blocks for stats in await asyncio.gather(*(worker_stats(a) for a in live)))
+
+
+async def _until_read_started(cluster: LocalCluster, blocks_sent_before: int, timeout_s: float = 20.0) -> None:
+    """Until the prefill has handed out blocks (opened the transfer, or sent its first message):
+    the reading decode is then in its stall."""
+    deadline = time.monotonic() + timeout_s
+    while (await worker_stats(cluster.prefill_addresses[0])).kv_blocks_sent == blocks_sent_before:
+        assert time.monotonic() < deadline, "no decode started reading"
+        await asyncio.sleep(0.05)
+
+
+def _kill(cluster: LocalCluster, address: str) -> None:
+    cluster.kill(cluster.worker_names[address])
+    cluster.killed.append(address)
+
+
+async def test_decode_killed_mid_read_is_retried_on_another_and_the_prefill_frees_its_blocks(
+        mesh, reference, tiny_llama_dir):
+    transport, cluster = mesh
+    want = reference["runs"][9]["token_ids"][2 * KV_TRANSPORTS.index(transport)]
+    request = make_request(kill_prompts(transport)[0], max_tokens=MAX_TOKENS, request_id=f"stall-decode-{transport}")
+    async with in_process_gateway(cluster, tiny_llama_dir, with_gateway=True) as (gateway, address):
+        sent_before = (await worker_stats(cluster.prefill_addresses[0])).kv_blocks_sent
+        running = asyncio.create_task(generate(address, request))
+        await _until_read_started(cluster, sent_before)
+        (victim,) = [worker.address for worker in gateway.pool.workers("decode") if worker.in_flight]
+        _kill(cluster, victim)  # inside the read's stall: opened, not yet moved
+        token_ids, _, last = await running
+    assert token_ids == want
+    assert last.transfer.num_failovers == 1 and last.transfer.decode_worker != victim
+    deadline = time.monotonic() + 10
+    while (await worker_stats(cluster.prefill_addresses[0])).num_held_transfers and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # the gateway releases the first attempt's transfer in the background
+    assert (await worker_stats(cluster.prefill_addresses[0])).num_held_transfers == 0
+
+
+async def test_prefill_killed_mid_read_leaves_decode_serving_the_right_tokens(mesh, reference):
+    """Mooncake and gRPC reads fail (within the 6 s pull timeout) and decode recomputes the blocks;
+    shared memory outlives its producer (the mapping keeps the pages), so the read completes."""
+    transport, cluster = mesh
+    want = reference["runs"][9]["token_ids"][2 * KV_TRANSPORTS.index(transport) + 1]
+    before = await _failed_blocks(cluster)
+    sent_before = (await worker_stats(cluster.prefill_addresses[0])).kv_blocks_sent
+    request = make_request(kill_prompts(transport)[1], max_tokens=MAX_TOKENS, request_id=f"stall-prefill-{transport}")
+    running = asyncio.create_task(generate(cluster.gateway_address, request))
+    await _until_read_started(cluster, sent_before)
+    _kill(cluster, cluster.prefill_addresses[0])
+    started = time.monotonic()
+    token_ids, _, last = await running
+    assert token_ids == want
+    assert time.monotonic() - started < STALL_S + 8
+    failed = await _failed_blocks(cluster) - before
+    if transport == "shm":
+        assert (failed, last.transfer.num_blocks) == (0, 16)
+    else:
+        assert failed > 0 and last.transfer.num_blocks + failed == 16

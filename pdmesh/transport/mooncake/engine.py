@@ -27,9 +27,11 @@ def mooncake_available() -> bool:
 
 
 class MooncakeEngine:
-    def __init__(self, host: str, protocol: str = "tcp", device_name: str = "") -> None:
+    def __init__(self, host: str, protocol: str = "tcp", device_name: str = "", timeout_s: float = 30.0) -> None:
         if protocol == "tcp":
             os.environ["MC_FORCE_TCP"] = "1"
+        # A transfer to a peer that died fails after this long (the engine's floor is 5 s).
+        os.environ["MC_TRANSFER_TIMEOUT"] = str(max(5, int(timeout_s)))
         from mooncake.engine import TransferEngine  # imported here: the wheel needs libibverbs etc.
 
         self._engine = TransferEngine()
@@ -61,10 +63,10 @@ _lock = threading.Lock()
 _engines: dict[tuple[str, str, str], MooncakeEngine] = {}
 
 
-def shared_engine(host: str, protocol: str = "tcp", device_name: str = "") -> MooncakeEngine:
+def shared_engine(host: str, protocol: str = "tcp", device_name: str = "", timeout_s: float = 30.0) -> MooncakeEngine:
     """The process's engine for (host, protocol, device): a producer and a consumer in one process share it."""
     with _lock:
         key = (host, protocol, device_name)
         if key not in _engines:
-            _engines[key] = MooncakeEngine(host, protocol, device_name)
+            _engines[key] = MooncakeEngine(host, protocol, device_name, timeout_s)
         return _engines[key]

@@ -165,3 +165,36 @@ def test_a_guessed_transfer_id_reads_nothing(pair):
     assert consumer.take_failed_block_ids() == {1, 4, 6}
     assert not consumer.caches["l0"][1].any()
     assert producer.counters()["num_held_transfers"] == 1  # the guessed release freed nothing
+
+
+def test_each_tensor_parallel_rank_serves_on_its_own_port_and_reads_its_peer_rank(model_dir, no_thread_leak):
+    """Rank 1 of a producer whose KV port is P serves on P + 1; rank 1 of a consumer given the
+    handle's address (rank 0's port) reads from P + 1."""
+    from pdmesh.engine import free_port
+
+    base = free_port("127.0.0.1")
+    workers = []
+    for rank in (0, 1):
+        worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=True, kv_host="127.0.0.1",
+                                 kv_port=base, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(),
+                                 tp_rank=rank)
+        caches = {"l0": torch.full((NUM_BLOCKS, 2, BLOCK_SIZE, 16), float(rank + 1))}
+        worker.register_kv_caches(caches, NUM_BLOCKS)
+        workers.append(worker)
+    consumer = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=False, kv_host="127.0.0.1",
+                               kv_port=0, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(), tp_rank=1)
+    consumer.caches = {"l0": torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, 16)}
+    consumer.register_kv_caches(consumer.caches, NUM_BLOCKS)
+    try:
+        assert [w._server.address for w in workers] == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+        for worker in workers:
+            worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5], TOKENS[:32])]))
+        task = RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1", kv_address=f"127.0.0.1:{base}",
+                        block_indexes=[0], local_block_ids=[2], token_ids=TOKENS[:32])
+        _finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
+        assert consumer.take_failed_block_ids() == set()
+        assert (consumer.caches["l0"][2] == 2.0).all()  # rank 1's KV
+        assert workers[1].get_finished() == ({"p-1"}, None) and workers[0].counters()["num_held_transfers"] == 1
+    finally:
+        for worker in [consumer, *workers]:
+            worker.shutdown()
