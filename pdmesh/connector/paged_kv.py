@@ -116,6 +116,19 @@ class PagedKVCache:
         """Per layer, a flat uint8 view of its region (host memory only): no copy."""
         return [_bytes_at(region.base, region.nbytes) for region in self.regions()]
 
+    def read_bytes(self, block_ids: list[int]) -> bytes:
+        """read_blocks' rows as one bytes object, joined straight from the cache where it can be (one
+        copy, no intermediate tensors)."""
+        for block_id in block_ids:
+            self._check(block_id)
+        if not self.in_place:
+            return self.read_blocks(block_ids).numpy().tobytes()
+        views = [memoryview(view) for view in self.views()]
+        regions = self.regions()
+        return b"".join(views[layer][region.offset(block_id, part):region.offset(block_id, part) + region.part_nbytes]
+                        for block_id in block_ids for layer, region in enumerate(regions)
+                        for part in range(region.num_parts))
+
     def block_checksums(self, block_ids: list[int]) -> list[int]:
         """Each block's checksum over its wire bytes, read in place where it can be (else gathered)."""
         for block_id in block_ids:

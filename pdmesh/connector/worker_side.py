@@ -117,7 +117,8 @@ class ConnectorWorker:
         self._servicer = KVTransferServicer(self.compat, self.held,
                                             lambda block_ids: self._paged.read_blocks(block_ids).numpy(),
                                             exporters=self._exporters, block_checksums=self._paged.block_checksums,
-                                            serve_grpc=self._transport.allows(GRPC))
+                                            serve_grpc=self._transport.allows(GRPC),
+                                            read_run=self._paged.read_bytes if self._paged.in_place else None)
         self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                     extra_services=[self.store.extra_service()] if self.store else [],
                                     mesh_token=mesh_token)

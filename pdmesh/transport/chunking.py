@@ -62,12 +62,18 @@ def iter_chunks(block_indexes: Sequence[int], rows: np.ndarray, block_hashes: Se
             yield from iter_block_chunks(index, row, block_hash, chunk_nbytes)
         return
     for start in range(0, len(block_indexes), per_chunk):
-        run = rows[start:start + per_chunk]
-        yield kv_transfer_pb2.KVChunk(
-            data=run.tobytes(), block_nbytes=block_nbytes,
-            run_block_indexes=block_indexes[start:start + per_chunk],
-            run_checksums=[block_checksum(row) for row in run],
-            run_block_hashes=block_hashes[start:start + per_chunk])
+        yield run_chunk(block_indexes[start:start + per_chunk], rows[start:start + per_chunk].tobytes(), block_nbytes,
+                        block_hashes[start:start + per_chunk])
+
+
+def run_chunk(block_indexes: Sequence[int], data: bytes, block_nbytes: int,
+              block_hashes: Sequence[bytes]) -> kv_transfer_pb2.KVChunk:
+    """One message of whole blocks whose bytes are `data` (back to back), each checksummed."""
+    view = memoryview(data)
+    return kv_transfer_pb2.KVChunk(
+        data=data, block_nbytes=block_nbytes, run_block_indexes=block_indexes,
+        run_checksums=[block_checksum(view[i:i + block_nbytes]) for i in range(0, len(data), block_nbytes)],
+        run_block_hashes=block_hashes)
 
 
 def blocks_per_chunk(block_nbytes: int, chunk_nbytes: int = DEFAULT_CHUNK_NBYTES) -> int:

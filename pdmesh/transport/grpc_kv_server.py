@@ -22,7 +22,7 @@ from pdmesh.compat import check_compatible
 from pdmesh.errors import Incompatible, InvalidRequest, PDMeshError
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
-from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, iter_chunks
+from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, iter_chunks, run_chunk
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.transport.kv_transport import GRPC, KVExporter
@@ -44,6 +44,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         exporters: Sequence[KVExporter] = (),
         block_checksums: BlockChecksums | None = None,
         serve_grpc: bool = True,
+        read_run: Callable[[list[int]], bytes] | None = None,
     ) -> None:
         self._compat = compat
         self._held = held
@@ -51,6 +52,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         self._exporters = list(exporters)   # registered-memory transports, in order of preference
         self._block_checksums = block_checksums
         self._serve_grpc = serve_grpc       # False: a transport is forced, gRPC is not offered
+        self._read_run = read_run           # blocks' wire bytes in one copy from the cache (host memory)
         self._wait_timeout_s = wait_timeout_s
         self._chunk_nbytes = chunk_nbytes
         self._lock = threading.Lock()
@@ -106,10 +108,18 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             per_read = blocks_per_chunk(self._compat.block_nbytes, self._chunk_nbytes)
             for start in range(0, len(indexes), per_read):
                 batch = indexes[start:start + per_read]
-                rows = self._read_blocks([transfer.block_ids[i] for i in batch])  # one gather per layer
-                yield from iter_chunks(batch, rows, [transfer.block_hashes[i] for i in batch], self._chunk_nbytes)
-                num_bytes += rows.nbytes
-                self._count(len(batch), rows.nbytes, GRPC)
+                block_ids = [transfer.block_ids[i] for i in batch]
+                hashes = [transfer.block_hashes[i] for i in batch]
+                if per_read > 1 and self._read_run is not None:  # a message's bytes straight from the cache
+                    chunk = run_chunk(batch, self._read_run(block_ids), self._compat.block_nbytes, hashes)
+                    yield chunk
+                    nbytes = len(chunk.data)
+                else:
+                    rows = self._read_blocks(block_ids)  # one gather per layer
+                    yield from iter_chunks(batch, rows, hashes, self._chunk_nbytes)
+                    nbytes = rows.nbytes
+                num_bytes += nbytes
+                self._count(len(batch), nbytes, GRPC)
             span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
 
     def Release(self, request, context):

@@ -10,6 +10,7 @@ recompute; a late write would corrupt them unseen. A slab whose read failed is n
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from pdmesh.transport.registered_reader import BATCH_NBYTES, RegisteredMemoryRea
 from pdmesh.transport.kv_layout import LayerRegion
 
 QUARANTINE_S = 300.0  # a failed read's slab is freed after this long
+logger = logging.getLogger(__name__)
 
 
 class MooncakeKVReader(RegisteredMemoryReader):
@@ -55,16 +57,22 @@ class MooncakeKVReader(RegisteredMemoryReader):
         return self._copy_out(copies, [(view, offset) for offset in offsets], len(local_block_ids), options)
 
     def _read(self, link: PeerLink, pieces: Sequence[tuple[int, int, int]]) -> np.ndarray:
-        """Reads (remote address, slab offset, nbytes) pieces into this thread's slab."""
-        slab = self._slab()
-        base = slab.ctypes.data
-        try:
-            self._engine.read(link.mooncake_session, [base + offset for _, offset, _ in pieces],
-                              [address for address, _, _ in pieces], [nbytes for _, _, nbytes in pieces])
-        except WorkerFailed:
-            self._quarantine(slab)
-            raise
-        return slab
+        """Reads (remote address, slab offset, nbytes) pieces into this thread's slab; a failed read is
+        tried once more on a fresh slab (the engine's TCP transport now and then times out a read
+        between live peers here; a dead peer fails both)."""
+        for attempt in range(2):
+            slab = self._slab()
+            base = slab.ctypes.data
+            try:
+                self._engine.read(link.mooncake_session, [base + offset for _, offset, _ in pieces],
+                                  [address for address, _, _ in pieces], [nbytes for _, _, nbytes in pieces])
+                return slab
+            except WorkerFailed:
+                self._quarantine(slab)
+                if attempt:
+                    raise
+                logger.warning("Mooncake read from %s failed; trying once more", link.mooncake_session)
+        raise AssertionError("unreachable")
 
     def _slab(self) -> np.ndarray:
         slab = getattr(self._slabs, "slab", None)

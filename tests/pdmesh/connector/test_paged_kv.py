@@ -70,3 +70,31 @@ def test_batched_write_scatters_rows_into_their_blocks_only(split_kv):
         assert torch.count_nonzero(dst[name].index_select(block_dim, untouched)) == 0
     with pytest.raises(InvalidRequest, match=r"block rows of shape \(2, 3\)"):
         dst_cache.write_blocks([0, 1], torch.zeros((2, 3), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_bytes_joined_from_the_cache_and_in_place_checksums_match_the_gathered_rows(split_kv):
+    from pdmesh.transport.kv_layout import row_checksums
+
+    cache = PagedKVCache(_caches(split_kv), NUM_BLOCKS)
+    rows = cache.read_blocks([3, 0, 5]).numpy()
+    assert cache.in_place
+    assert cache.read_bytes([3, 0, 5]) == rows.tobytes()
+    assert cache.block_checksums([3, 0, 5]) == row_checksums(rows, cache.regions())
+
+
+def test_sharing_the_cache_keeps_its_bytes_and_every_view_of_it_follows(tmp_path):
+    import numpy as np
+
+    caches = _caches(split_kv=True)
+    before = {name: t.clone() for name, t in caches.items()}
+    views = {name: t[1] for name, t in caches.items()}  # what vLLM's layers might hold
+    cache = PagedKVCache(caches, NUM_BLOCKS)
+    regions = cache.share_memory()
+    for (name, tensor), region in zip(caches.items(), regions):
+        assert torch.equal(tensor, before[name])
+        tensor[1, 2].fill_(7.0)
+        assert views[name][2].eq(7.0).all()  # the view sees writes to the shared storage
+        mapped = np.memmap(region.shm_path, dtype=np.uint8, mode="r", offset=region.base, shape=(region.nbytes,))
+        offset = region.offset(2, 1)
+        assert (mapped[offset:offset + region.part_nbytes].view(np.float32) == 7.0).all()
