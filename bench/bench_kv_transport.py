@@ -8,7 +8,8 @@ A producer process (core 0) holds transfers of blocks in a real connector worker
 (4 layers of (blocks, 2, 32, 128) float32: 128 KiB blocks, tiny-llama's) and serves them on its KV
 port; this process (core 1) reads each through a consumer connector worker forced to one transport:
 the same handshake, open, copy, checksum of the landed bytes and release as decode's pull. Raw TE is
-one batch read of the same bytes (one descriptor per layer) with the same engine, nothing else.
+the engine's own blocking batch read (`batch_transfer_sync_read`) of the same bytes, one descriptor
+per layer, into the consumer's KV cache, nothing else.
 Writes bench/report/kv_transport.json and .png.
 """
 
@@ -113,7 +114,9 @@ def _raw_te_gbps(engine, session: str, remote_bases: list[int], local_bases: lis
     samples = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        engine.read(session, local_bases, remote_bases, [per_layer] * NUM_LAYERS)
+        status = engine._engine.batch_transfer_sync_read(session, local_bases, remote_bases, [per_layer] * NUM_LAYERS)
+        if status != 0:
+            raise RuntimeError(f"raw Mooncake read failed ({status})")
         samples.append(nbytes / (time.perf_counter() - started) / 1e9)
     return statistics.median(samples[1:])
 

@@ -44,21 +44,41 @@ class RegisteredMemoryReader:
         num_good = next((i for i, (sent, want) in enumerate(zip(opened.block_hashes, expected)) if sent != want),
                         len(block_indexes))
         per_batch = max(1, BATCH_NBYTES // self._control.block_nbytes)
-        for start in range(0, num_good, per_batch):
-            end = min(start + per_batch, num_good)
-            local = list(local_block_ids[start:end])
-            landed = self._land(link, copy_plan(link.regions, self._local, opened.block_ids[start:end], local),
-                                local, options)
+        batches = [(start, min(start + per_batch, num_good)) for start in range(0, num_good, per_batch)]
+        plans = [copy_plan(link.regions, self._local, opened.block_ids[start:end], list(local_block_ids[start:end]))
+                 for start, end in batches]
+        started = self._start(link, plans[0]) if plans else None
+        for number, (start, end) in enumerate(batches):
+            following = self._start(link, plans[number + 1]) if number + 1 < len(plans) else None  # in flight meanwhile
+            try:
+                landed = self._finish(link, started, list(local_block_ids[start:end]), options)
+            except BaseException:
+                self._abandon(following)
+                raise
             bad = (next((i for i, (got, sent) in enumerate(zip(landed, opened.checksums[start:end])) if got != sent),
                         None) if landed is not None else None)
             if bad is not None:
+                self._abandon(following)
                 if bad:
                     yield start + bad
                 raise ChecksumMismatch(f"block {block_indexes[start + bad]}: checksum of the landed bytes differs "
                                        f"from the producer's")
             yield end
+            started = following
         if num_good < len(block_indexes):
             raise BlockHashMismatch(f"block {block_indexes[num_good]} holds other tokens than the request's")
+
+    def _start(self, link: PeerLink, copies: list[Copy]):
+        """Starts moving a batch (a transport that can move one batch while the previous one is
+        copied out starts it here); what it returns goes to _finish or _abandon."""
+        return copies
+
+    def _finish(self, link: PeerLink, started, local_block_ids: list[int], options: ReadOptions) -> list[int] | None:
+        return self._land(link, started, local_block_ids, options)
+
+    def _abandon(self, started) -> None:
+        """A started batch whose read is given up (an earlier one failed)."""
+        return None
 
     def _land(self, link: PeerLink, copies: list[Copy], local_block_ids: list[int],
               options: ReadOptions) -> list[int] | None:

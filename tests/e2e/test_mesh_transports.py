@@ -77,9 +77,10 @@ async def test_the_transport_is_in_the_span_and_the_metric_label(mesh, otlp_rece
     (span,) = mine(otlp_receiver.wait_for(lambda spans: mine(spans)))
     assert span.attributes["pdmesh.kv.transport"] == transport
     if transport == "mooncake" and span.attributes["pdmesh.kv.checksum"] == "error":
-        # Seen here now and then: Mooncake's TCP transport times a small read out under three spinning
-        # engines on two cores (kvcache-ai/Mooncake#4209 reports first-after-idle failures on 0.3.13).
-        # The read fails safe: decode recomputes (the tokens are checked in the other tests).
+        # Seen here while reads waited in the engine's own blocking call, which spins a core: beside
+        # three spinning vLLM engines on two cores its TCP threads starved and small reads timed out
+        # (kvcache-ai/Mooncake#4209 reports similar TCP failures on 0.3.13). The reader now polls
+        # with a sleep and the last runs saw none; a read that does fail is safe: decode recomputes.
         assert (last.transfer.num_bytes, span.attributes["pdmesh.kv.failed_blocks"]) == (0, 4)
         return
     assert span.attributes["pdmesh.kv.checksum"] == "ok"
@@ -152,7 +153,7 @@ async def test_decode_killed_mid_read_is_retried_on_another_and_the_prefill_free
 
 
 async def test_prefill_killed_mid_read_leaves_decode_serving_the_right_tokens(mesh, reference):
-    """A Mooncake read fails (within the 6 s pull timeout, tried twice) and decode recomputes the
+    """A Mooncake read fails (at once, or at the 6 s pull timeout) and decode recomputes the
     blocks; shared memory outlives its producer (the mapping keeps the pages), so that read completes;
     a gRPC read completes if the rest of the stream was already in the socket's buffers (16 blocks
     here), else fails and decode recomputes."""
@@ -167,7 +168,7 @@ async def test_prefill_killed_mid_read_leaves_decode_serving_the_right_tokens(me
     started = time.monotonic()
     token_ids, _, last = await running
     assert token_ids == want
-    assert time.monotonic() - started < STALL_S + 15  # Mooncake tries a failed read twice
+    assert time.monotonic() - started < STALL_S + 8
     failed = await _failed_blocks(cluster) - before
     if transport == "shm":
         assert (failed, last.transfer.num_blocks) == (0, 16)

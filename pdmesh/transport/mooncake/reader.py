@@ -1,31 +1,37 @@
-"""Mooncake Transfer Engine reader: each batch of merged block runs is one batch read from the
-producer's registered KV cache into a registered staging slab, then copied into the paged cache
-(checksummed as it goes, like the shared-memory copy).
+"""Mooncake Transfer Engine reader: each batch of merged block runs is read from the producer's
+registered KV cache into a registered staging slab, then copied into the paged cache (checksummed
+as it goes, like the shared-memory copy); the next batch's read is in flight meanwhile.
 
 Why not straight into the paged cache: the engine cannot cancel a transfer. A read that timed out
 may still land later, and by then vLLM has handed the failed blocks back to the request to
-recompute; a late write would corrupt them unseen. A slab whose read failed is never used again
-(it is freed once any straggler is long gone), so a failure can only ever cost recompute.
+recompute; a late write would corrupt them unseen (kvcache-ai/Mooncake#4247). A slab whose read
+failed or was given up is never used again (it is freed once any straggler is long gone), so a
+failure can only ever cost recompute.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from pdmesh.errors import WorkerFailed
-from pdmesh.transport.kv_layout import Copy
+from pdmesh.transport.kv_layout import Copy, LayerRegion
 from pdmesh.transport.kv_transport import MOONCAKE, PeerLink, ReadOptions
 from pdmesh.transport.mooncake.engine import MooncakeEngine
 from pdmesh.transport.registered_reader import BATCH_NBYTES, RegisteredMemoryReader
-from pdmesh.transport.kv_layout import LayerRegion
 
 QUARANTINE_S = 300.0  # a failed read's slab is freed after this long
-logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Started:
+    copies: list[Copy]
+    slab: np.ndarray
+    offsets: list[int]   # where each copy's bytes are in the slab
+    batch_ids: list[int]
 
 
 class MooncakeKVReader(RegisteredMemoryReader):
@@ -38,54 +44,72 @@ class MooncakeKVReader(RegisteredMemoryReader):
         self._engine = engine
         self._slab_nbytes = max(BATCH_NBYTES, self._control.block_nbytes)
         self._lock = threading.Lock()
-        self._slabs = threading.local()
-        self._registered: list[np.ndarray] = []               # every live slab (for close)
+        self._free = threading.local()                          # this thread's idle slabs
+        self._registered: list[np.ndarray] = []                 # every live slab (for close)
         self._quarantined: list[tuple[float, np.ndarray]] = []  # (free after, slab)
 
     def connect(self, link: PeerLink) -> None:
         """Opens the engine's session to the producer with one small read (once per producer, before
-        any request's read: concurrent first reads of a session are not what the engine is tested for)."""
+        any request's read)."""
         region = link.regions[0]
-        self._read(link, [(region.base, 0, min(64, region.part_nbytes))])
+        started = self._start_pieces(link, [], [(region.base, min(64, region.part_nbytes))])
+        self._wait(link, started)
+        self._release(started.slab)
 
-    def _land(self, link: PeerLink, copies: list[Copy], local_block_ids: list[int],
-              options: ReadOptions) -> list[int] | None:
-        offsets = np.cumsum([0] + [c.nbytes for c in copies[:-1]]).tolist()
-        slab = self._read(link, [(link.regions[c.layer].base + c.src, offset, c.nbytes)
-                                 for c, offset in zip(copies, offsets)])
-        view = memoryview(slab)
-        return self._copy_out(copies, [(view, offset) for offset in offsets], len(local_block_ids), options)
+    def _start(self, link: PeerLink, copies: list[Copy]) -> _Started:
+        return self._start_pieces(link, copies, [(link.regions[c.layer].base + c.src, c.nbytes) for c in copies])
 
-    def _read(self, link: PeerLink, pieces: Sequence[tuple[int, int, int]]) -> np.ndarray:
-        """Reads (remote address, slab offset, nbytes) pieces into this thread's slab; a failed read is
-        tried once more on a fresh slab (the engine's TCP transport now and then times out a read
-        between live peers here; a dead peer fails both)."""
-        for attempt in range(2):
-            slab = self._slab()
-            base = slab.ctypes.data
-            try:
-                self._engine.read(link.mooncake_session, [base + offset for _, offset, _ in pieces],
-                                  [address for address, _, _ in pieces], [nbytes for _, _, nbytes in pieces])
-                return slab
-            except WorkerFailed:
-                self._quarantine(slab)
-                if attempt:
-                    raise
-                logger.warning("Mooncake read from %s failed; trying once more", link.mooncake_session)
-        raise AssertionError("unreachable")
+    def _finish(self, link: PeerLink, started: _Started, local_block_ids: list[int],
+                options: ReadOptions) -> list[int] | None:
+        self._wait(link, started)
+        view = memoryview(started.slab)
+        try:
+            return self._copy_out(started.copies, [(view, offset) for offset in started.offsets],
+                                  len(local_block_ids), options)
+        finally:
+            self._release(started.slab)
 
-    def _slab(self) -> np.ndarray:
-        slab = getattr(self._slabs, "slab", None)
-        if slab is None:
-            slab = self._slabs.slab = np.empty(self._slab_nbytes, dtype=np.uint8)
-            self._engine.register([_region_of(slab)])
-            with self._lock:
-                self._registered.append(slab)
-                self._free_quarantined(time.monotonic())
+    def _abandon(self, started: _Started | None) -> None:
+        if started is not None:
+            self._quarantine(started.slab)
+
+    def _start_pieces(self, link: PeerLink, copies: list[Copy], pieces: Sequence[tuple[int, int]]) -> _Started:
+        """Starts reading (remote address, nbytes) pieces back to back into a slab."""
+        slab = self._take()
+        offsets = np.cumsum([0] + [nbytes for _, nbytes in pieces[:-1]]).tolist()
+        try:
+            batch_ids = self._engine.start_read(link.mooncake_session, [slab.ctypes.data + o for o in offsets],
+                                                [address for address, _ in pieces], [n for _, n in pieces])
+        except BaseException:
+            self._quarantine(slab)
+            raise
+        return _Started(copies, slab, offsets, batch_ids)
+
+    def _wait(self, link: PeerLink, started: _Started) -> None:
+        try:
+            self._engine.wait(link.mooncake_session, started.batch_ids, self._engine.timeout_s)
+        except BaseException:
+            self._quarantine(started.slab)
+            raise
+
+    # ---- slabs ----
+    def _take(self) -> np.ndarray:
+        idle = getattr(self._free, "slabs", None)
+        if idle:
+            return idle.pop()
+        slab = np.empty(self._slab_nbytes, dtype=np.uint8)
+        self._engine.register([_region_of(slab)])
+        with self._lock:
+            self._registered.append(slab)
+            self._free_quarantined(time.monotonic())
         return slab
 
+    def _release(self, slab: np.ndarray) -> None:
+        if getattr(self._free, "slabs", None) is None:
+            self._free.slabs = []
+        self._free.slabs.append(slab)
+
     def _quarantine(self, slab: np.ndarray) -> None:
-        self._slabs.slab = None
         with self._lock:
             self._quarantined.append((time.monotonic() + QUARANTINE_S, slab))
 
