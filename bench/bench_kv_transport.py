@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import REPORT_DIR
+from bench.common import REPORT_DIR, memcpy_gbps
 
 BLOCK_SIZE = 32
 LAYER_SHAPE = (2, BLOCK_SIZE, 128)  # per block: K/V, tokens, heads * head_dim (float32)
@@ -79,18 +79,6 @@ def serve(spec_path: Path) -> None:
 
 
 # ---- this process ----
-def _memcpy_gbps(nbytes: int, repeats: int) -> float:
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        np.copyto(dst, src)
-        samples.append(nbytes / (time.perf_counter() - started) / 1e9)
-    return statistics.median(samples)
-
-
 def _read(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) -> float:
     """Seconds of one read through the consumer's transport, as decode's pull does it: from the
     start of the pull to the request reported received (the release follows, off its path)."""
@@ -164,7 +152,7 @@ def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
     results = {"block_nbytes": BLOCK_NBYTES, "sizes_mib": sizes, "memcpy_gbps": {}, "raw_te_gbps": {},
                "gbps": {t: {} for t in TRANSPORTS}, "handoff_ms": {t: {} for t in TRANSPORTS}}
     for size in sizes:
-        results["memcpy_gbps"][size] = _memcpy_gbps(size << 20, args.repeats)
+        results["memcpy_gbps"][size] = memcpy_gbps(size << 20, args.repeats)
     for transport in TRANSPORTS:
         consumer, _ = _worker(work, False, transport, max_blocks)
         try:
