@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.block_hash import ROOT_PARENT, hash_block
+from kvstore.block_hash import ROOT_PARENT, chain_block_hashes
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,13 @@ class BlockKey:
 
 def block_keys(seed: bytes, token_ids: Sequence[int], block_size: int, extra_key: bytes = b"") -> list[BlockKey]:
     """Keys of the full blocks of `token_ids` (a trailing partial block has none)."""
-    keys: list[BlockKey] = []
-    parent = ROOT_PARENT
-    for start in range(0, len(token_ids) - len(token_ids) % block_size, block_size):
-        tokens = tuple(int(t) for t in token_ids[start:start + block_size])
-        block_hash = hash_block(seed, parent, tokens, extra_key)
-        keys.append(BlockKey(block_hash, parent, tokens))
-        parent = block_hash
-    return keys
+    return keys_of(chain_block_hashes(seed, token_ids, block_size, extra_key), token_ids, block_size)
+
+
+def keys_of(block_hashes: Sequence[bytes], token_ids: Sequence[int], block_size: int) -> list[BlockKey]:
+    """The keys of the full blocks whose chained hashes are already computed (chain_block_hashes: the
+    one function that hashes blocks, shared by the KV transfer and the store)."""
+    num_full = min(len(block_hashes), len(token_ids) // block_size)
+    parents = [ROOT_PARENT, *block_hashes[:num_full - 1]] if num_full else []
+    return [BlockKey(block_hashes[i], parents[i], tuple(int(t) for t in token_ids[i * block_size:(i + 1) * block_size]))
+            for i in range(num_full)]

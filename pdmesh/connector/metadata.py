@@ -18,6 +18,9 @@ class SendTask:
     pdmesh_request_id: str = ""
     trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kvstore.save span
     engine_request_id: str = ""  # reported finished sending under it ("": the transfer id)
+    # The blocks' chained content hashes (with the cache salt; the partial last block too), computed
+    # once by the worker side when the task arrives: the transfer and the store's keys both use them.
+    block_hashes: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -33,6 +36,7 @@ class RecvTask:
     token_ids: list[int]         # the prompt tokens the remote KV covers (pulled blocks must hold them)
     num_local_tokens: int = 0    # prompt tokens already in the local prefix cache
     report_done: bool = True     # False: release-only (nothing is waiting on it)
+    extra_key: bytes = b""       # the request's cache salt: part of its blocks' content hashes
     trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kv.transfer span
 
 

@@ -128,6 +128,7 @@ class ConnectorScheduler:
             local_block_ids=[local_block_ids[i] for i in block_indexes],
             token_ids=list(request.prompt_token_ids[:num_remote_tokens]),
             num_local_tokens=num_local_tokens,
+            extra_key=_salt(request),
             trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
         ))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvstore.block_key import BlockKey, block_keys
+from kvstore.block_key import BlockKey, block_keys, keys_of
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.disk_tier import DiskTier
@@ -99,7 +99,8 @@ class StoreAgent:
 
     def missing_blocks(self, send: SendTask) -> list[tuple[BlockKey, int]]:
         """(key, engine block id) of the prompt's full blocks the store lacks, in prompt order."""
-        keys = block_keys(self._seed, send.token_ids, self._block_size, send.extra_key)
+        keys = (keys_of(send.block_hashes, send.token_ids, self._block_size) if send.block_hashes
+                else block_keys(self._seed, send.token_ids, self._block_size, send.extra_key))
         return [(key, block_id) for key, block_id in zip(keys, send.block_ids) if not self.store.has(key)]
 
     def put_rows(self, keys: list[BlockKey], rows) -> int:

@@ -166,6 +166,8 @@ class ConnectorWorker:
         if self.compute_rate is not None:
             self.compute_rate.on_step(meta.num_scheduled_tokens)
         for send in meta.sends:
+            send.block_hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
+                                                   send.extra_key, include_partial=True)
             if self.saver is not None:
                 self.saver.submit(send)
             self._hold(send)
@@ -222,11 +224,9 @@ class ConnectorWorker:
         shutdown_tracing(self._tracer_provider)
 
     def _hold(self, send: SendTask) -> None:
-        hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
-                                    include_partial=True)
         checksums = (self._checksum_pool.submit(self._paged.block_checksums, list(send.block_ids))
                      if self._exporters else None)
-        self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(hashes),
+        self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(send.block_hashes),
                                     deadline=time.monotonic() + self._hold_timeout_s,
                                     request_id=send.pdmesh_request_id, engine_request_id=send.engine_request_id,
                                     checksums=checksums))
@@ -297,7 +297,7 @@ class ConnectorWorker:
         """Reads the task's blocks through the transport agreed with its producer; counts into `stats`
         as blocks land, so a failure part-way keeps the prefix that arrived. Returns the transport."""
         expected = _LazyHashes(lambda: chain_block_hashes(fingerprint_seed(self.compat), task.token_ids,
-                                                          self._block_size, include_partial=True))
+                                                          self._block_size, task.extra_key, include_partial=True))
         started = time.perf_counter()
         link = self._links.link(self._peer(task))
         reader = self._links.reader(link)

@@ -15,3 +15,13 @@ def test_keys_are_golden_and_chained_over_full_blocks_only():
 
 def test_a_salt_gives_another_hash_space():
     assert block_keys(b"fp-1", list(range(8)), 4, b"a")[0] != block_keys(b"fp-1", list(range(8)), 4, b"b")[0]
+
+
+def test_keys_built_from_hashes_computed_once_equal_the_store_keys():
+    from kvstore.block_hash import chain_block_hashes
+    from kvstore.block_key import block_keys, keys_of
+
+    tokens = list(range(3, 3 + 100))  # 3 full blocks of 32 and a partial one
+    hashes = chain_block_hashes(b"seed", tokens, 32, b"salt", include_partial=True)
+    assert keys_of(hashes, tokens, 32) == block_keys(b"seed", tokens, 32, b"salt")
+    assert len(keys_of(hashes, tokens, 32)) == 3

@@ -198,3 +198,13 @@ def test_each_tensor_parallel_rank_serves_on_its_own_port_and_reads_its_peer_ran
     finally:
         for worker in [consumer, *workers]:
             worker.shutdown()
+
+
+def test_the_cache_salt_is_part_of_the_blocks_hashes(pair):
+    """Another tenant's salt names other blocks: a consumer salted differently refuses them all."""
+    producer, consumer, _ = pair
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS, extra_key=b"tenant-a")]))
+    task = _recv_task(producer, [1, 4, 6])
+    task.extra_key = b"tenant-b"
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
+    assert consumer.take_failed_block_ids() == {1, 4, 6}
