@@ -1,14 +1,14 @@
 """What the KV store's Redis index knows about a prompt, as the gateway sees it: for each leading
-full block, the prefill node (its KV address) holding a copy. Names are computed the way the
-store names blocks (chained hash seeded by the model fingerprint, with the request's cache salt),
-so a tenant's salt keeps its prefix invisible to another tenant's routing too."""
+full block, the prefill node (its KV address) holding a copy. kvstore names the blocks (its own
+key scheme, seeded by the model fingerprint, with the request's cache salt: a tenant's salt keeps
+its prefix invisible to another tenant's routing too); this keeps one index per model."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
-from kvstore.block_key import block_keys
+from kvstore.prompt_holders import prompt_holders
 from kvstore.redis_index import RedisBlockIndex
 from pdmesh.compat import fingerprint_seed
 from pdmesh.v1 import common_pb2
@@ -25,16 +25,10 @@ class PrefixIndex:
                       cache_salt: str) -> list[str]:
         """The node holding each block of the longest indexed prefix (one Redis round trip;
         [] when Redis cannot answer: routing then ignores the cache)."""
-        keys = block_keys(fingerprint_seed(compat), prompt_token_ids, compat.block_size, cache_salt.encode())
-        if not keys:
+        if len(prompt_token_ids) < compat.block_size:
             return []
-        entries = await asyncio.to_thread(self._index(compat).probe, [key.block_hash for key in keys])
-        holders = []
-        for entry in entries:
-            if entry is None:
-                break
-            holders.append(entry.node)
-        return holders
+        return await asyncio.to_thread(prompt_holders, self._index(compat), fingerprint_seed(compat),
+                                       prompt_token_ids, compat.block_size, cache_salt)
 
     def close(self) -> None:
         for index in self._indexes.values():

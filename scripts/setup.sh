@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 venv="${1:-.venv}"
 # Mooncake Transfer Engine's wheel links these from the OS (even when it only moves KV over TCP).
 need=()
+have="$(ldconfig -p 2>/dev/null || true)"
 for lib in libibverbs.so.1 libnuma.so.1 libcurl.so.4; do
-  ldconfig -p | grep -q "$lib" || need+=("$lib")
+  grep -q "$lib" <<<"$have" || need+=("$lib")
 done
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

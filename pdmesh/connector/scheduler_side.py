@@ -14,6 +14,7 @@ import secrets
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from kvstore.prompt_holders import salt_key
 from pdmesh.connector import params as kvp
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask, StoreLoadTask
 from pdmesh.connector.store_lookup import AsyncStoreLookup
@@ -30,8 +31,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _salt(request: "Request") -> bytes:
-    salt = getattr(request, "cache_salt", None)
-    return salt.encode() if salt else b""
+    return salt_key(getattr(request, "cache_salt", None) or "")
 
 
 class ConnectorScheduler:
