@@ -28,7 +28,7 @@ from bench.common import REPORT_DIR, plot_bars, random_prompts
 from bench.serve_systems import System, monolithic_vllm, spawned
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama
-from pdmesh.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
 
 
@@ -40,15 +40,13 @@ def prefill_worker(model_dir: Path, log_dir: Path, name: str, args: list[str]):
 
 
 async def _prefill_round(record: dict, prompts: list[list[int]], tag: str) -> float:
-    async with grpc.aio.insecure_channel(record["address"]) as channel, \
-            grpc.aio.insecure_channel(record["kv_address"]) as kv_channel:
+    async with grpc.aio.insecure_channel(record["address"]) as channel:
         prefill = worker_pb2_grpc.PrefillStub(channel)
-        kv = kv_transfer_pb2_grpc.KVTransferStub(kv_channel)
 
         async def one(i: int, prompt: list[int]) -> None:
             response = await prefill.Prefill(worker_pb2.PrefillRequest(request_id=f"{tag}-{i}",
                                                                        prompt_token_ids=prompt), timeout=600)
-            await kv.Release(kv_transfer_pb2.ReleaseRequest(transfer_id=response.kv.transfer_id), timeout=30)
+            await prefill.Release(worker_pb2.ReleaseKVRequest(transfer_id=response.kv.transfer_id), timeout=30)
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
