@@ -12,18 +12,19 @@ from kvstore.service import ref_of
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.channels import ChannelCache
 from pdmesh.transport.chunking import AssembledBlock, receive_runs
-from pdmesh.transport.mesh_auth import mesh_metadata
+from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc
 
 
 class GrpcStoreClient:
     def __init__(self, compat: common_pb2.CompatInfo | None, timeout_s: float = 30.0,
-                 mesh_token: str | None = None) -> None:
+                 auth: MeshAuth | None = None) -> None:
         """compat None: only for the engine's own scheduler asking its own worker (Lookup)."""
+        auth = auth or MeshAuth()
         self._compat = compat
         self._timeout_s = timeout_s
-        self._metadata = mesh_metadata(mesh_token)
-        self._channels = ChannelCache()
+        self._metadata = auth.metadata()
+        self._channels = ChannelCache(auth.tls)
 
     def lookup(self, address: str, token_ids: Sequence[int], extra_key: bytes = b"",
                include_remote: bool = True, timeout_s: float | None = None) -> list[BlockSource]:

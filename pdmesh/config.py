@@ -158,10 +158,18 @@ class KVTransportSettings(BaseModel):
     mooncake_protocol: str = "tcp"
     mooncake_device: str = ""
     mesh_token: str | None = None
+    kv_tls: TlsSettings = Field(default_factory=TlsSettings)
     kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
 
     def allows(self, transport: str) -> bool:
         return self.kv_transport in ("auto", transport)
+
+    @property
+    def auth(self):
+        """The mesh credentials of the KV ports (pdmesh/transport/mesh_auth.py)."""
+        from pdmesh.transport.mesh_auth import MeshAuth
+
+        return MeshAuth(self.mesh_token, self.kv_tls)
 
 
 class WorkerSettings(_LayeredSettings):
@@ -181,6 +189,9 @@ class WorkerSettings(_LayeredSettings):
     # Shared secret of the mesh's internal KV ports (KV transfer, KV store): every worker of a mesh sets the
     # same one; calls without it are refused. None: the ports take any caller (a trusted network only).
     mesh_token: str | None = None
+    # Mutual TLS on the KV ports: the worker's certificate serves its KV port and is its client
+    # certificate when it reads from another's (so it needs both server and client use); unset: plaintext.
+    kv_tls: TlsSettings = Field(default_factory=TlsSettings)
     kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0
@@ -206,7 +217,7 @@ class WorkerSettings(_LayeredSettings):
     def kv_transport_settings(self) -> KVTransportSettings:
         return KVTransportSettings(kv_transport=self.kv_transport, mooncake_protocol=self.mooncake_protocol,
                                    mooncake_device=self.mooncake_device, mesh_token=self.mesh_token,
-                                   kv_faults=self.kv_faults)
+                                   kv_tls=self.kv_tls, kv_faults=self.kv_faults)
 
     @property
     def kv_host_for_peers(self) -> str:

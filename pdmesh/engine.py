@@ -37,7 +37,7 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
             "kv_port": kv_port,
             "hold_timeout_s": settings.hold_timeout_s,
             "pull_timeout_s": settings.pull_timeout_s,
-            "transport": settings.kv_transport_settings.model_dump(),
+            "transport": settings.kv_transport_settings.model_dump(mode="json"),
             "gil_switch_interval_s": settings.kv_gil_switch_interval_s,
             "store": settings.store.model_dump(mode="json") if settings.role == "prefill" else None,
             # The engine's worker process sets up its own tracing from this.

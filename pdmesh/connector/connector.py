@@ -49,9 +49,9 @@ class PDMeshConnector(KVConnectorBase_V1):
             install_scheduler_stats()  # this runs in the engine core's process
             advertise_host = str(extra.get("kv_advertise_host", kv_host))
             local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
-            mesh_token = KVTransportSettings(**(extra.get("transport") or {})).mesh_token
+            auth = KVTransportSettings(**(extra.get("transport") or {})).auth
             lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s,
-                                                   mesh_token))
+                                                   auth))
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup)
         else:

@@ -29,6 +29,7 @@ from pdmesh.connector.metadata import SendTask, StoreLoadTask
 from pdmesh.errors import BlockHashMismatch, TransferNotFound
 from pdmesh.transport.chunking import rows_of
 from pdmesh.transport.grpc_kv_server import ExtraService
+from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list
 
 class StoreAgent:
     def __init__(self, settings: StoreSettings, compat: common_pb2.CompatInfo, device: str,
-                 mesh_token: str | None = None) -> None:
+                 auth: MeshAuth | None = None) -> None:
         self._block_size = compat.block_size
         self._seed = fingerprint_seed(compat)
         tiers = build_tiers(settings, compat.block_nbytes, device)
@@ -76,7 +77,7 @@ class StoreAgent:
                       if settings.redis_url else None)
         self.store = TieredBlockStore(tiers, compat.block_nbytes)
         self.servicer = KVStoreServicer(compat, self.store, self.index)
-        self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s, mesh_token=mesh_token)
+        self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s, auth=auth)
         self._lock = threading.Lock()
         self._buffers = threading.local()
         self._totals: Counter[str] = Counter()

@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from kvstore.client import GrpcStoreClient
 from pdmesh.errors import PDMeshError
+from pdmesh.transport.mesh_auth import MeshAuth
 
 logger = logging.getLogger(__name__)
 
@@ -23,11 +24,11 @@ def num_loadable_blocks(num_prompt_tokens: int, block_size: int) -> int:
 
 
 class StoreLookup:
-    def __init__(self, store_address: str, block_size: int, timeout_s: float, mesh_token: str | None = None) -> None:
+    def __init__(self, store_address: str, block_size: int, timeout_s: float, auth: MeshAuth | None = None) -> None:
         self._store_address = store_address
         self._block_size = block_size
         self._timeout_s = timeout_s
-        self._client = GrpcStoreClient(compat=None, timeout_s=timeout_s, mesh_token=mesh_token)
+        self._client = GrpcStoreClient(compat=None, timeout_s=timeout_s, auth=auth)
 
     def nodes_of_cached_prefix(self, prompt_token_ids: Sequence[int], extra_key: bytes) -> list[str]:
         """For each block of the longest cached prefix, the node holding it ("" = this one).

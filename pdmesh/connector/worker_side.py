@@ -105,13 +105,13 @@ class ConnectorWorker:
         if self._is_producer:
             self._serve()
         else:
-            control = GrpcKVReceiver(self.compat, self._pull_timeout_s, self._transport.mesh_token)
+            control = GrpcKVReceiver(self.compat, self._pull_timeout_s, self._transport.auth)
             self._links = KVLinks(control, self._readers(control))
 
     def _serve(self) -> None:
-        mesh_token = self._transport.mesh_token
+        auth = self._transport.auth
         if self._store_settings is not None:
-            self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, mesh_token)
+            self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, auth)
             self.saver = StoreSaver(self.store, self._paged, self.held, self._store_settings.save_queue_bytes)
         self._exporters = self._make_exporters()
         self._servicer = KVTransferServicer(self.compat, self.held,
@@ -121,7 +121,7 @@ class ConnectorWorker:
                                             read_run=self._paged.read_bytes if self._paged.in_place else None)
         self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                     extra_services=[self.store.extra_service()] if self.store else [],
-                                    mesh_token=mesh_token)
+                                    auth=auth)
         if self.store is not None:
             self.store.attach(f"{self._kv_advertise_host}:{self._server.address.rsplit(':', 1)[1]}")
         logger.info("pdmesh KV server on %s%s, transports %s", self._server.address,

@@ -12,16 +12,17 @@ from pdmesh.transport.channels import ChannelCache
 from pdmesh.transport.chunking import AssembledBlock, receive_runs
 from pdmesh.transport.kv_layout import LayerRegion
 from pdmesh.transport.kv_transport import PeerLink
-from pdmesh.transport.mesh_auth import mesh_metadata
+from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 
 class GrpcKVReceiver:
-    def __init__(self, compat: common_pb2.CompatInfo, timeout_s: float = 30.0, mesh_token: str | None = None) -> None:
+    def __init__(self, compat: common_pb2.CompatInfo, timeout_s: float = 30.0, auth: MeshAuth | None = None) -> None:
+        auth = auth or MeshAuth()
         self._compat = compat
         self._timeout_s = timeout_s
-        self._metadata = mesh_metadata(mesh_token)
-        self._channels = ChannelCache()
+        self._metadata = auth.metadata()
+        self._channels = ChannelCache(auth.tls)
 
     @property
     def block_nbytes(self) -> int:

@@ -26,7 +26,8 @@ from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, it
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.transport.kv_transport import GRPC, KVExporter
-from pdmesh.transport.mesh_auth import MeshTokenInterceptor
+from pdmesh.tls import server_credentials
+from pdmesh.transport.mesh_auth import MeshAuth, MeshTokenInterceptor
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 BlockReader = Callable[[list[int]], np.ndarray]  # engine block ids -> (n, block_nbytes) uint8 rows
@@ -165,15 +166,18 @@ class GrpcKVServer:
     """Owns the server; `address` is host:port actually bound."""
 
     def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 4,
-                 extra_services: Sequence[ExtraService] = (), mesh_token: str | None = None) -> None:
-        interceptors = [MeshTokenInterceptor(mesh_token)] if mesh_token else []
+                 extra_services: Sequence[ExtraService] = (), auth: MeshAuth | None = None) -> None:
+        auth = auth or MeshAuth()
+        interceptors = [MeshTokenInterceptor(auth.token)] if auth.token else []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS,
                                    interceptors=[*interceptors, server_interceptor()])
         kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(servicer, self._server)
         for extra in extra_services:
             extra.add_to_server(extra.servicer, self._server)
         self._add_health_and_reflection([extra.full_name for extra in extra_services])
-        bound_port = self._server.add_insecure_port(f"{host}:{port}")
+        credentials = server_credentials(auth.tls)
+        bound_port = (self._server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
+                      else self._server.add_insecure_port(f"{host}:{port}"))
         if bound_port == 0:
             raise OSError(f"KV transfer server could not bind {host}:{port}")
         self._address = f"{host}:{bound_port}"

@@ -1,19 +1,31 @@
 """Mesh credentials on the internal KV ports (KV transfer, KV store): a shared mesh token in call
-metadata, checked by a server interceptor. Transfer ids are per-transfer capabilities on top."""
+metadata, checked by a server interceptor, and mutual TLS when the workers have certificates (the
+worker's certificate serves its KV port and is its client certificate when it dials another's).
+Transfer ids are per-transfer capabilities on top."""
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass, field
 
 import grpc
+
+from pdmesh.config import TlsSettings
 
 MESH_TOKEN_KEY = "x-pdmesh-mesh-token"
 _OPEN_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")  # probes carry no credentials
 
 
-def mesh_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The metadata a mesh peer sends on every call (none when no token is configured)."""
-    return ((MESH_TOKEN_KEY, token),) if token else ()
+@dataclass(frozen=True)
+class MeshAuth:
+    """What a mesh peer presents on the KV ports, and what those ports require."""
+
+    token: str | None = None
+    tls: TlsSettings = field(default_factory=TlsSettings)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Sent on every call (none when no token is configured)."""
+        return ((MESH_TOKEN_KEY, self.token),) if self.token else ()
 
 
 class MeshTokenInterceptor(grpc.ServerInterceptor):

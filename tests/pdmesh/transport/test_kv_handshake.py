@@ -4,17 +4,21 @@ import grpc
 import numpy as np
 import pytest
 
+from tests.tls_certs import make_certs
+
 from kvstore.block_key import BlockKey
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import host_tier
-from pdmesh.errors import Incompatible, TransferNotFound, Unauthenticated
+from pdmesh.config import TlsSettings
+from pdmesh.errors import Incompatible, NoWorkerAvailable, TransferNotFound, Unauthenticated, WorkerFailed
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.transport.host_id import host_id
 from pdmesh.transport.kv_layout import LayerRegion
+from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.transport.shm.exporter import ShmKVExporter
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
 
@@ -25,13 +29,18 @@ REGION = LayerRegion(base=64, nbytes=640, block_stride=64, part_stride=0, num_pa
 TOKEN = "mesh-secret"
 
 
-def _server(held: HeldTransfers, serve_grpc: bool = True, mesh_token: str | None = None) -> GrpcKVServer:
+def _server(held: HeldTransfers, serve_grpc: bool = True, auth: MeshAuth | None = None) -> GrpcKVServer:
     servicer = KVTransferServicer(COMPAT, held, lambda ids: np.zeros((len(ids), 64), np.uint8), wait_timeout_s=0.2,
                                   exporters=[ShmKVExporter([REGION])], block_checksums=lambda ids: [7] * len(ids),
                                   serve_grpc=serve_grpc)
     store = KVStoreServicer(COMPAT, TieredBlockStore([host_tier(4 * 64, 64)], 64), index=None)
-    return GrpcKVServer(servicer, "127.0.0.1", 0, mesh_token=mesh_token,
+    return GrpcKVServer(servicer, "127.0.0.1", 0, auth=auth,
                         extra_services=[ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, store)])
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture
@@ -81,9 +90,9 @@ def test_open_names_the_producers_blocks_with_checksums_and_hashes(served):
 
 
 def test_without_the_mesh_token_every_kv_and_store_call_is_refused(held, no_thread_leak):
-    server = _server(held, mesh_token=TOKEN)
-    outsider, peer = GrpcKVReceiver(COMPAT, timeout_s=5), GrpcKVReceiver(COMPAT, timeout_s=5, mesh_token=TOKEN)
-    wrong = GrpcKVReceiver(COMPAT, timeout_s=5, mesh_token="guess")
+    server = _server(held, auth=MeshAuth(TOKEN))
+    outsider, peer = GrpcKVReceiver(COMPAT, timeout_s=5), GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN))
+    wrong = GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth("guess"))
     store = GrpcStoreClient(COMPAT, timeout_s=5)
     try:
         for client in (outsider, wrong):
@@ -111,7 +120,7 @@ def test_without_the_mesh_token_every_kv_and_store_call_is_refused(held, no_thre
 def test_health_checks_need_no_mesh_token(held, no_thread_leak):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    server = _server(held, mesh_token=TOKEN)
+    server = _server(held, auth=MeshAuth(TOKEN))
     try:
         with grpc.insecure_channel(server.address) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -120,4 +129,25 @@ def test_health_checks_need_no_mesh_token(held, no_thread_leak):
                 kv_transfer_pb2_grpc.KVTransferStub(channel).Release(kv_transfer_pb2.ReleaseRequest(transfer_id="t1"))
             assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
+        server.stop(0)
+
+
+def test_with_mesh_tls_only_peers_with_a_certificate_of_the_mesh_ca_get_in(held, certs, no_thread_leak):
+    server_tls = TlsSettings(cert_file=certs.server_cert, key_file=certs.server_key, ca_file=certs.ca)
+    peer_tls = TlsSettings(cert_file=certs.client_cert, key_file=certs.client_key, ca_file=certs.ca)
+    foreign_tls = TlsSettings(cert_file=certs.other_client_cert, key_file=certs.other_client_key, ca_file=certs.ca)
+    server = _server(held, auth=MeshAuth(TOKEN, server_tls))
+    clients = {name: GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, tls))
+               for name, tls in (("plain", TlsSettings()), ("foreign", foreign_tls), ("peer", peer_tls))}
+    store = GrpcStoreClient(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, peer_tls))
+    try:
+        for name in ("plain", "foreign"):
+            with pytest.raises((NoWorkerAvailable, WorkerFailed)):  # the TLS handshake fails: UNAVAILABLE
+                clients[name].handshake(server.address, ["grpc"], host_id())
+        assert clients["peer"].handshake(server.address, ["grpc"], host_id()).transport == "grpc"
+        assert len(list(clients["peer"].pull(server.address, "t1", [0, 1]))) == 2
+        assert store.lookup(server.address, [1] * 32) == []
+    finally:
+        for client in (*clients.values(), store):
+            client.close()
         server.stop(0)
