@@ -215,9 +215,8 @@ class WorkerSettings(_LayeredSettings):
 
     @property
     def kv_transport_settings(self) -> KVTransportSettings:
-        return KVTransportSettings(kv_transport=self.kv_transport, mooncake_protocol=self.mooncake_protocol,
-                                   mooncake_device=self.mooncake_device, mesh_token=self.mesh_token,
-                                   kv_tls=self.kv_tls, kv_faults=self.kv_faults)
+        """This worker's fields of the same names (flat on the command line: --kv_transport, --mesh_token)."""
+        return KVTransportSettings(**{name: getattr(self, name) for name in KVTransportSettings.model_fields})
 
     @property
     def kv_host_for_peers(self) -> str:

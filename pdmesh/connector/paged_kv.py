@@ -7,7 +7,6 @@ Handles per-layer tensors shaped (num_blocks, ...) and (2, num_blocks, ...) (K/V
 from __future__ import annotations
 
 import ctypes
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,8 +15,6 @@ import torch
 
 from pdmesh.errors import InvalidRequest
 from pdmesh.transport.kv_layout import LayerRegion, block_checksums, row_checksums
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -100,8 +100,7 @@ class StoreAgent:
 
     def missing_blocks(self, send: SendTask) -> list[tuple[BlockKey, int]]:
         """(key, engine block id) of the prompt's full blocks the store lacks, in prompt order."""
-        keys = (keys_of(send.block_hashes, send.token_ids, self._block_size) if send.block_hashes
-                else block_keys(self._seed, send.token_ids, self._block_size, send.extra_key))
+        keys = keys_of(send.block_hashes, send.token_ids, self._block_size)  # hashed once, when the send arrived
         return [(key, block_id) for key, block_id in zip(keys, send.block_ids) if not self.store.has(key)]
 
     def put_rows(self, keys: list[BlockKey], rows) -> int:

@@ -118,7 +118,7 @@ class ConnectorWorker:
                                             lambda block_ids: self._paged.read_blocks(block_ids).numpy(),
                                             exporters=self._exporters, block_checksums=self._paged.block_checksums,
                                             serve_grpc=self._transport.allows(GRPC),
-                                            read_run=self._paged.read_bytes if self._paged.in_place else None)
+                                            read_run=self._paged.read_bytes)
         self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                     extra_services=[self.store.extra_service()] if self.store else [],
                                     auth=auth)
@@ -148,10 +148,9 @@ class ConnectorWorker:
         paged = self._paged
         readers = []
         if paged.in_place and self._transport.allows(SHM):
-            readers.append(ShmKVReader(control, paged.regions(), paged.block_checksums, paged.views()))
+            readers.append(ShmKVReader(control, paged.regions(), paged.views()))
         if paged.in_place and self._transport.allows(MOONCAKE) and mooncake_available():
-            readers.append(MooncakeKVReader(self._mooncake_engine(), control, paged.regions(), paged.block_checksums,
-                                            paged.views()))
+            readers.append(MooncakeKVReader(self._mooncake_engine(), control, paged.regions(), paged.views()))
         if self._transport.allows(GRPC):
             readers.append(GrpcKVReader(control, lambda ids, rows: paged.write_blocks(ids, torch.from_numpy(rows))))
         if not readers:

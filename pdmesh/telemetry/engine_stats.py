@@ -54,17 +54,19 @@ class ConnectorCounterSync:
         counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
         m, role = self._metrics, self._metrics.role
         for transport, num_bytes in counters.get("kv_bytes_sent_by_transport", {}).items():
-            self._add_delta({f"sent_{transport}": num_bytes}, f"sent_{transport}", m.kv_bytes.labels(role, "sent", transport))
-        self._add_delta(counters, "kv_store_corrupt_blocks", m.store_corrupt_blocks.labels(role))
-        self._add_delta(counters, "kv_store_blocks_saved", m.store_blocks_saved.labels(role))
+            self._add_delta(f"kv_bytes_sent_{transport}", num_bytes, m.kv_bytes.labels(role, "sent", transport))
+        for name, counter in (("kv_store_corrupt_blocks", m.store_corrupt_blocks.labels(role)),
+                              ("kv_store_blocks_saved", m.store_blocks_saved.labels(role))):
+            self._add_delta(name, counters.get(name, 0), counter)
         for tier, num_bytes in counters.get("kv_store_occupancy_bytes", {}).items():
             m.tier_occupancy.labels(role, f"store_{tier}").set(num_bytes)
 
-    def _add_delta(self, counters: dict, name: str, counter) -> None:
-        delta = counters.get(name, 0) - self._last.get(name, 0)
+    def _add_delta(self, name: str, value: int, counter) -> None:
+        """Adds to `counter` what the worker's running total `name` grew by since the last scrape."""
+        delta = value - self._last.get(name, 0)
         if delta > 0:
             counter.inc(delta)
-            self._last[name] = counters[name]
+            self._last[name] = value
 
     def _refresh_from_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         try:

@@ -1,12 +1,13 @@
 """What the registered-memory transports (shm, Mooncake) share: open the transfer on the control
 path (the producer's block ids, checksums and content hashes), refuse blocks holding other tokens
-before moving anything, move the rest in batches of merged block runs straight into the local KV
-cache, and verify each landed block's checksum where it landed."""
+before moving anything, move the rest in batches of merged block runs into the local KV cache
+(shm straight from the producer's memory, Mooncake through a staging slab), and verify each landed
+block's checksum where it landed."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import xxhash
@@ -24,12 +25,10 @@ class RegisteredMemoryReader:
     transport = ""
 
     def __init__(self, control: GrpcKVReceiver, local_regions: Sequence[LayerRegion],
-                 local_checksums: Callable[[list[int]], list[int]],
-                 local_views: Sequence[np.ndarray] | None = None) -> None:
+                 local_views: Sequence[np.ndarray]) -> None:
         self._control = control
         self._local = tuple(local_regions)
-        self._local_checksums = local_checksums
-        self._local_views = local_views  # host memory only: what a tamper hook alters
+        self._local_views = local_views  # the local cache in host memory, a flat uint8 view per layer
 
     def read_blocks(self, link: PeerLink, transfer_id: str, block_indexes: Sequence[int],
                     local_block_ids: Sequence[int], expected_hashes: Sequence[bytes],
@@ -83,12 +82,6 @@ class RegisteredMemoryReader:
     def _land(self, link: PeerLink, copies: list[Copy], local_block_ids: list[int],
               options: ReadOptions) -> list[int] | None:
         """Moves a batch; returns the checksums of the bytes that landed (None: not verifying)."""
-        self._move(link, copies)
-        if options.tamper is not None:
-            self._tamper(local_block_ids[0], options.tamper)
-        return self._local_checksums(local_block_ids) if options.verify else None
-
-    def _move(self, link: PeerLink, copies: list[Copy]) -> None:
         raise NotImplementedError
 
     def _copy_out(self, copies: Sequence[Copy], sources: Sequence[tuple[memoryview, int]], num_blocks: int,
@@ -114,11 +107,3 @@ class RegisteredMemoryReader:
                     column[offset // piece:end // piece] = [digest(dst[at:at + piece])
                                                             for at in range(copy.dst + offset, copy.dst + end, piece)]
         return combine(digests) if options.verify else None
-
-    def _tamper(self, local_block_id: int, tamper) -> None:
-        if self._local_views is None:
-            raise WorkerFailed("this cache cannot be altered in place")
-        for view, region in zip(self._local_views, self._local):
-            for part in range(region.num_parts):
-                start = region.offset(local_block_id, part)
-                tamper(view[start:start + region.part_nbytes])

@@ -21,8 +21,6 @@ class ShmKVReader(RegisteredMemoryReader):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if self._local_views is None:
-            raise ValueError("shared-memory reads need the local KV cache in host memory")
         self._lock = threading.Lock()
         self._maps: dict[str, mmap.mmap] = {}  # shm file: its read-only mapping
 

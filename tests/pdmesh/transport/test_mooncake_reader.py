@@ -44,7 +44,7 @@ class _Control:
 
 def test_a_slab_whose_read_failed_is_set_aside_and_a_fresh_one_is_used():
     engine = _Engine()
-    reader = MooncakeKVReader(engine, _Control(), [REGION], lambda ids: [], [np.zeros(REGION.nbytes, np.uint8)])
+    reader = MooncakeKVReader(engine, _Control(), [REGION], [np.zeros(REGION.nbytes, np.uint8)])
     link = PeerLink("p:1", "mooncake", (REGION,), "127.0.0.1:2")
     reader.connect(link)
     reader.connect(link)
