@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import grpc
 
@@ -11,7 +11,6 @@ from kvstore.prefix_lookup import BlockSource
 from kvstore.service import ref_of
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.channels import ChannelCache
-from pdmesh.transport.chunking import AssembledBlock, receive_runs
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc
 
@@ -37,17 +36,15 @@ class GrpcStoreClient:
             raise error_from_rpc_error(exc) from exc
         return [BlockSource(block.node, block.tier) for block in response.blocks]
 
-    def fetch(self, address: str, keys: Sequence[BlockKey]) -> Iterator[AssembledBlock]:
-        """Verified blocks in the order asked (block_index = position in `keys`); raises a domain
-        error at the first block the node does not hold, after the ones before it."""
-        for blocks in self.fetch_runs(address, keys):
-            yield from blocks
-
-    def fetch_runs(self, address: str, keys: Sequence[BlockKey]) -> Iterator[list[AssembledBlock]]:
-        """fetch, a message's worth of blocks at a time (chunking.rows_of gives their rows)."""
-        request = kv_store_pb2.FetchRequest(compat=self._compat, blocks=[ref_of(key) for key in keys])
-        chunks = self._stub(address).Fetch(request, timeout=self._timeout_s, metadata=self._metadata)
-        yield from receive_runs(chunks, self._compat.block_nbytes, len(keys), f"fetch from {address}")
+    def export(self, address: str, keys: Sequence[BlockKey]) -> tuple[str, int]:
+        """(transfer id, number of leading blocks exported): the node holds them for a KV read
+        (pdmesh/transport/kv_transport.py) until released on its KV port."""
+        request = kv_store_pb2.ExportRequest(compat=self._compat, blocks=[ref_of(key) for key in keys])
+        try:
+            response = self._stub(address).Export(request, timeout=self._timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise error_from_rpc_error(exc) from exc
+        return response.transfer_id, response.num_blocks
 
     def close(self) -> None:
         self._channels.close()

@@ -1,5 +1,6 @@
 """gRPC face of a node's block store (runs in the prefill engine's worker process, on the same
-thread-pool server as KVTransfer): Lookup for the local scheduler, Fetch for other nodes."""
+thread-pool server as KVTransfer): Lookup for the local scheduler, Export for other nodes (which
+then read the exported blocks through KVTransfer, like a prefill's KV)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,23 @@ from kvstore.block_store import TieredBlockStore
 from kvstore.prefix_lookup import find_prefix
 from kvstore.redis_index import RedisBlockIndex
 from pdmesh.compat import check_compatible, fingerprint_seed
-from pdmesh.errors import PDMeshError, TransferNotFound
+from kvstore.store_export import StoreExports
+from pdmesh.errors import Incompatible, PDMeshError
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
-from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, iter_chunks
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc
 
-FETCH_BATCH_BLOCKS = 16  # blocks read from the store per batch (one copy per tier)
 SERVICE_NAME = kv_store_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
 
 
 class KVStoreServicer(kv_store_pb2_grpc.KVStoreServicer):
     def __init__(self, compat: common_pb2.CompatInfo, store: TieredBlockStore, index: RedisBlockIndex | None,
-                 chunk_nbytes: int = DEFAULT_CHUNK_NBYTES) -> None:
+                 exports: StoreExports | None = None) -> None:
         self._compat = compat
         self._seed = fingerprint_seed(compat)
         self._store = store
         self._index = index
-        self._chunk_nbytes = chunk_nbytes
+        self._exports = exports
 
     def Lookup(self, request, context):
         try:
@@ -40,28 +40,24 @@ class KVStoreServicer(kv_store_pb2_grpc.KVStoreServicer):
         return kv_store_pb2.LookupResponse(
             blocks=[kv_store_pb2.BlockSource(node=s.node, tier=s.tier) for s in sources])
 
-    def Fetch(self, request, context):
-        with tracer().start_as_current_span("kvstore.serve") as span:
-            num_bytes = 0
+    def Export(self, request, context):
+        with tracer().start_as_current_span("kvstore.export") as span:
             try:
                 check_compatible(self._compat, request.compat)
-                keys = [key_of(ref) for ref in request.blocks]
-                for start in range(0, len(keys), FETCH_BATCH_BLOCKS):
-                    batch = keys[start:start + FETCH_BATCH_BLOCKS]
-                    rows, tiers = self._store.read_prefix(batch)
-                    for tier in tiers:
-                        span.add_event("block", {"pdmesh.kvstore.tier": tier})
-                    yield from iter_chunks(list(range(start, start + len(tiers))), rows,
-                                           [key.block_hash for key in batch[:len(tiers)]], self._chunk_nbytes)
-                    num_bytes += rows.nbytes
-                    if len(tiers) < len(batch):
-                        raise TransferNotFound(f"block {batch[len(tiers)].block_hash.hex()} is not held here")
+                if self._exports is None:
+                    raise Incompatible("this node's KV store exports no blocks")
+                exported = self._exports.export([key_of(ref) for ref in request.blocks])
             except PDMeshError as exc:
                 span.record_exception(exc)
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
                 _abort(context, exc)
-            finally:
-                span.set_attributes({"pdmesh.kv.blocks": len(request.blocks), "pdmesh.kv.bytes": num_bytes})
+            for tier in exported.tiers:
+                span.add_event("block", {"pdmesh.kvstore.tier": tier})
+            num_blocks = len(exported.tiers)
+            span.set_attributes({"pdmesh.kv.blocks": num_blocks,
+                                 "pdmesh.kv.bytes": num_blocks * self._compat.block_nbytes})
+            return kv_store_pb2.ExportResponse(
+                transfer_id=exported.transfer.transfer_id if exported.transfer else "", num_blocks=num_blocks)
 
 
 def ref_of(key: BlockKey) -> kv_store_pb2.BlockRef:

@@ -56,6 +56,7 @@ class StoreSettings(BaseModel):
     index_ttl_s: int = 3600               # index entries of a node that stops refreshing them expire
     lookup_timeout_s: float = 1.0         # the scheduler's lookup; on timeout the prompt is computed
     fetch_timeout_s: float = 10.0         # a fetch from another node's store
+    export_bytes: int = 64 << 20          # blocks handed to other nodes, held (in shared memory) until read
     save_queue_bytes: int = 256 << 20     # copies waiting to be written; a save past this is skipped (counted)
     # A load is cut (the rest computed) once it has taken load_budget_factor x the time the engine would
     # take to compute its tokens, at the rate it measures on its own steps (starting from this guess),

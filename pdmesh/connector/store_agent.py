@@ -1,6 +1,8 @@
 """Worker side of the KV store on a prefill engine: owns the node's tiers and index, saves the
 full blocks of finished prompts (on a background thread, while decode still holds them pinned),
-and loads cached blocks into the paged cache instead of computing them."""
+and loads cached blocks into the paged cache instead of computing them: its own with one batched
+read per tier, another node's through that node's export (kvstore/store_export.py), read like a
+prefill's KV through the transport agreed with the node (pdmesh/transport/kv_transport.py)."""
 
 from __future__ import annotations
 
@@ -22,19 +24,21 @@ from kvstore.disk_tier import DiskTier
 from kvstore.redis_index import RedisBlockIndex
 from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import device_tier, host_tier
+from kvstore.store_export import StoreExports
 from kvstore.tier import BlockTier
 from pdmesh.compat import fingerprint_seed
 from pdmesh.config import StoreSettings
 from pdmesh.connector.metadata import SendTask, StoreLoadTask
-from pdmesh.errors import BlockHashMismatch, TransferNotFound
-from pdmesh.transport.chunking import rows_of
+from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError, TransferNotFound
 from pdmesh.transport.grpc_kv_server import ExtraService
+from pdmesh.transport.kv_links import KVLinks
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
 
 logger = logging.getLogger(__name__)
 REMOTE = "remote"  # tier label of blocks fetched from another node's store
 LOAD_BATCH_BLOCKS = 16  # blocks read from the store per batch: one copy per tier, budget checked between
+EXPORT_BATCH_NBYTES = 16 << 20  # asked of another node's store per export, budget checked between
 
 
 class LoadBudgetExceeded(Exception):
@@ -51,6 +55,7 @@ class StoreLoadStats:
     seconds: float = 0.0
     budget_s: float = 0.0        # the load's time budget: what computing its tokens would cost
     cut: bool = False            # stopped at the budget (the rest was computed)
+    transport: str = ""          # what moved the blocks from another node's store ("" when none did)
 
 
 def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list[BlockTier]:
@@ -67,7 +72,8 @@ def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list
 
 class StoreAgent:
     def __init__(self, settings: StoreSettings, compat: common_pb2.CompatInfo, device: str,
-                 auth: MeshAuth | None = None) -> None:
+                 pieces: list[tuple[int, int]], auth: MeshAuth | None = None) -> None:
+        """pieces: (num_parts, part_nbytes) of each layer of the engine's KV cache."""
         self._block_size = compat.block_size
         self._seed = fingerprint_seed(compat)
         tiers = build_tiers(settings, compat.block_nbytes, device)
@@ -76,12 +82,18 @@ class StoreAgent:
                                               ttl_s=settings.index_ttl_s)
                       if settings.redis_url else None)
         self.store = TieredBlockStore(tiers, compat.block_nbytes)
-        self.servicer = KVStoreServicer(compat, self.store, self.index)
+        self.exports = StoreExports(self.store, pieces, settings.export_bytes, hold_s=2 * settings.fetch_timeout_s)
+        self.servicer = KVStoreServicer(compat, self.store, self.index, self.exports)
         self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s, auth=auth)
+        self._links: KVLinks | None = None  # to other nodes' store exports (connect)
         self._lock = threading.Lock()
         self._buffers = threading.local()
         self._totals: Counter[str] = Counter()
         logger.info("KV store tiers: %s", ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers))
+
+    def connect(self, links: KVLinks) -> None:
+        """How this node reads other nodes' exports (store links, over its engine's KV cache)."""
+        self._links = links
 
     def extra_service(self) -> ExtraService:
         return ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, self.servicer)
@@ -113,9 +125,9 @@ class StoreAgent:
 
     # ---- load ----
     def load(self, task: StoreLoadTask, write_blocks, budget_s: float = float("inf")) -> StoreLoadStats:
-        """Loads the task's blocks in order through `write_blocks(local_block_ids, rows)`; stops at
-        the first that fails, or once loading has taken `budget_s` (what computing the blocks
-        would cost): the rest is computed."""
+        """Loads the task's blocks in order (this node's through `write_blocks(local_block_ids, rows)`,
+        other nodes' through the links `connect` gave); stops at the first that fails, or once
+        loading has taken `budget_s` (what computing the blocks would cost): the rest is computed."""
         started = time.perf_counter()
         keys = block_keys(self._seed, task.token_ids, self._block_size, task.extra_key)
         planned = list(zip(task.block_indexes, task.local_block_ids, task.nodes))
@@ -151,19 +163,43 @@ class StoreAgent:
                     raise TransferNotFound(f"block {batch[len(tiers)][0].block_hash.hex()} left the store or was corrupt")
                 self._check_budget(deadline)
             return
-        for blocks in self._client.fetch_runs(node, [key for key, _ in run]):  # one scatter per message
-            num_good = next((i for i, b in enumerate(blocks) if b.block_hash != run[b.block_index][0].block_hash),
-                            len(blocks))
-            if num_good:  # the blocks before a wrong one still land
-                write_blocks([run[b.block_index][1] for b in blocks[:num_good]],
-                             torch.from_numpy(rows_of(blocks)[:num_good]))
-                for block in blocks[:num_good]:
-                    self._count(stats, REMOTE, len(block.payload))
-            if num_good < len(blocks):
-                wrong = blocks[num_good]
-                raise BlockHashMismatch(f"{node} sent block {wrong.block_hash.hex()} for "
-                                        f"{run[wrong.block_index][0].block_hash.hex()}")
-            self._check_budget(deadline)
+        self._fetch_run(node, run, stats, deadline)
+
+    def _fetch_run(self, node: str, run: list[tuple[BlockKey, int]], stats: StoreLoadStats, deadline: float) -> None:
+        """Loads a run of blocks `node` holds: it exports them a batch at a time, and each batch is
+        read straight into the paged cache (verified) by the transport agreed with it."""
+        try:
+            link = self._links.link(node)
+            stats.transport = link.transport
+            per_export = max(1, EXPORT_BATCH_NBYTES // self.store.block_nbytes)
+            for start in range(0, len(run), per_export):
+                batch = run[start:start + per_export]
+                transfer_id, num_held = self._client.export(node, [key for key, _ in batch])
+                if num_held:
+                    self._read_export(link, transfer_id, batch[:num_held], stats)
+                if num_held < len(batch):
+                    raise TransferNotFound(f"{node} no longer holds block {batch[num_held][0].block_hash.hex()}")
+                self._check_budget(deadline)
+        except PDMeshError as exc:
+            if not isinstance(exc, (TransferNotFound, BlockHashMismatch, ChecksumMismatch)):
+                self._links.forget(node)  # the node may be gone: handshake again next time
+            raise
+
+    def _read_export(self, link, transfer_id: str, batch: list[tuple[BlockKey, int]], stats: StoreLoadStats) -> None:
+        reader = self._links.reader(link)
+        num_before = 0
+        try:
+            for num_landed in reader.read_blocks(link, transfer_id, range(len(batch)),
+                                                 [local_id for _, local_id in batch],
+                                                 [key.block_hash for key, _ in batch]):
+                for _ in range(num_landed - num_before):
+                    self._count(stats, REMOTE, self.store.block_nbytes)
+                num_before = num_landed
+        finally:
+            try:
+                self._links.control.release(link.address, transfer_id)
+            except PDMeshError as exc:
+                logger.warning("store export %s: release failed (%s); freed at its deadline", transfer_id, exc)
 
     def _load_buffer(self) -> np.ndarray:
         """This thread's reused batch buffer (fresh pages would cost a fault each, every load)."""
@@ -210,5 +246,8 @@ class StoreAgent:
 
     def close(self) -> None:
         self._client.close()
+        if self._links is not None:
+            self._links.close()
+        self.exports.close()
         if self.index is not None:
             self.index.close()

@@ -3,7 +3,8 @@
 Producer: pins blocks named by SendTasks and serves them on its KV port (the control path of every
 transport, and the gRPC transport's data); offers its KV cache in place to the registered-memory
 transports (shared memory, Mooncake). With a KV store, also saves their full blocks to the store
-(the pin lasts until the save is done) and loads StoreLoadTasks' blocks from it.
+(the pin lasts until the save is done), loads StoreLoadTasks' blocks from it (other nodes' through
+their exports, read with the same transports) and exports its blocks to other nodes.
 Consumer: reads blocks named by RecvTasks on a thread pool through the transport agreed with that
 producer (pdmesh/transport/kv_transport.py), each verified (content hash, checksum of the landed
 bytes), releases them on the producer, and reports the request as received (with any failed block
@@ -85,6 +86,7 @@ class ConnectorWorker:
         self._server: GrpcKVServer | None = None
         self._servicer: KVTransferServicer | None = None
         self._exporters: list = []
+        self._store_exporters: list = []
         self._links: KVLinks | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
         # Producer: checksums of newly held blocks for the registered-memory transports, off the engine thread.
@@ -111,18 +113,24 @@ class ConnectorWorker:
     def _serve(self) -> None:
         auth = self._transport.auth
         if self._store_settings is not None:
-            self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, auth)
+            pieces = [(region.num_parts, region.part_nbytes) for region in self._paged.regions()]
+            self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, pieces, auth)
             self.saver = StoreSaver(self.store, self._paged, self.held, self._store_settings.save_queue_bytes)
         self._exporters = self._make_exporters()
+        self._store_exporters = self._make_store_exporters() if self.store else []
         self._servicer = KVTransferServicer(self.compat, self.held,
                                             lambda block_ids: self._paged.read_blocks(block_ids).numpy(),
                                             exporters=self._exporters, block_checksums=self._paged.block_checksums,
                                             serve_grpc=self._transport.allows(GRPC),
-                                            read_run=self._paged.read_bytes)
+                                            read_run=self._paged.read_bytes,
+                                            store=self.store.exports if self.store else None,
+                                            store_exporters=self._store_exporters)
         self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                     extra_services=[self.store.extra_service()] if self.store else [],
                                     auth=auth)
         if self.store is not None:
+            control = GrpcKVReceiver(self.compat, self._store_settings.fetch_timeout_s, auth)
+            self.store.connect(KVLinks(control, self._readers(control), store=True))
             self.store.attach(f"{self._kv_advertise_host}:{self._server.address.rsplit(':', 1)[1]}")
         logger.info("pdmesh KV server on %s%s, transports %s", self._server.address,
                     " (with KV store)" if self.store else "",
@@ -141,6 +149,18 @@ class ConnectorWorker:
             exporters.append(MooncakeKVExporter(self._mooncake_engine(), self._paged.regions()))
         if self._transport.kv_transport not in ("auto", GRPC) and not exporters:
             raise RuntimeError(f"kv_transport={self._transport.kv_transport} is not available in this process")
+        return exporters
+
+    def _make_store_exporters(self) -> list:
+        """The registered-memory transports other nodes read this node's store exports with (its
+        export slab is host memory, on every device)."""
+        exports, exporters = self.store.exports, []
+        shared = exports.shared_regions()
+        if self._transport.allows(SHM) and shared is not None:
+            exporters.append(ShmKVExporter(shared))
+        if self._transport.allows(MOONCAKE) and mooncake_available():
+            exporters.append(MooncakeKVExporter(self._mooncake_engine(), exports.regions(),
+                                                registered=[exports.registered_region()]))
         return exporters
 
     def _readers(self, control: GrpcKVReceiver) -> list:
@@ -204,7 +224,9 @@ class ConnectorWorker:
             "kv_blocks_sent": servicer.num_blocks_sent if servicer else 0,
             "kv_bytes_sent": servicer.num_bytes_sent if servicer else 0,
             "kv_bytes_sent_by_transport": dict(servicer.bytes_sent_by_transport) if servicer else {},
-            "num_held_transfers": self.held.num_held, "num_expired_transfers": self.held.num_expired,
+            # blocks pinned for consumers: the engine's held transfers and the store's exports
+            "num_held_transfers": self.held.num_held + (self.store.exports.num_held if self.store else 0),
+            "num_expired_transfers": self.held.num_expired + (self.store.exports.num_expired if self.store else 0),
         }
 
     def shutdown(self) -> None:
@@ -218,7 +240,7 @@ class ConnectorWorker:
             self.store.close()
         if self._links is not None:
             self._links.close()
-        for exporter in self._exporters:
+        for exporter in self._exporters + self._store_exporters:
             exporter.close()
         shutdown_tracing(self._tracer_provider)
 
@@ -241,7 +263,8 @@ class ConnectorWorker:
                 span.set_attributes({"pdmesh.kvstore.budget_s": budget_s, "pdmesh.kvstore.cut": stats.cut,
                     **{f"pdmesh.kvstore.tokens.{tier}": n for tier, n in stats.tokens_by_tier.items()},
                     "pdmesh.kvstore.blocks": stats.num_blocks, "pdmesh.kvstore.failed_blocks": stats.num_failed_blocks,
-                    "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds})
+                    "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,
+                    "pdmesh.kv.transport": stats.transport})
         finally:
             context.detach(token)
         with self._lock:

@@ -28,8 +28,10 @@ class GrpcKVReceiver:
     def block_nbytes(self) -> int:
         return self._compat.block_nbytes
 
-    def handshake(self, address: str, transports: Sequence[str], host_id: str) -> PeerLink:
-        request = kv_transfer_pb2.HandshakeRequest(compat=self._compat, transports=list(transports), host_id=host_id)
+    def handshake(self, address: str, transports: Sequence[str], host_id: str, store: bool = False) -> PeerLink:
+        """store: a link to the node's KV store exports (kvstore/store_export.py), not its KV cache."""
+        request = kv_transfer_pb2.HandshakeRequest(compat=self._compat, transports=list(transports), host_id=host_id,
+                                                   store=store)
         response = self._call(self._stub(address).Handshake, request)
         return PeerLink(address, response.transport, tuple(LayerRegion.from_proto(r) for r in response.regions),
                         response.mooncake_session)

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -34,6 +35,20 @@ BlockReader = Callable[[list[int]], np.ndarray]  # engine block ids -> (n, block
 BlockChecksums = Callable[[list[int]], list[int]]  # engine block ids -> checksum of each block's bytes
 
 
+class ExportedTransfers(Protocol):
+    """Transfers held in other memory than the engine's KV cache: the node's KV store exports
+    (kvstore/store_export.py), read through the same Open / Pull / Release."""
+
+    def find(self, transfer_id: str) -> HeldTransfer | None:
+        ...
+
+    def read_rows(self, block_ids: list[int]) -> np.ndarray:
+        ...
+
+    def release(self, transfer_id: str) -> bool:
+        ...
+
+
 class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
     def __init__(
         self,
@@ -46,6 +61,8 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         block_checksums: BlockChecksums | None = None,
         serve_grpc: bool = True,
         read_run: Callable[[list[int]], bytes] | None = None,
+        store: ExportedTransfers | None = None,
+        store_exporters: Sequence[KVExporter] = (),
     ) -> None:
         self._compat = compat
         self._held = held
@@ -54,6 +71,8 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         self._block_checksums = block_checksums
         self._serve_grpc = serve_grpc       # False: a transport is forced, gRPC is not offered
         self._read_run = read_run           # blocks' wire bytes in one copy from the cache (host memory)
+        self._store = store                 # the node's KV store exports, if it has a store
+        self._store_exporters = list(store_exporters)  # the transports that read the store's export slab
         self._wait_timeout_s = wait_timeout_s
         self._chunk_nbytes = chunk_nbytes
         self._lock = threading.Lock()
@@ -70,21 +89,24 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
 
     def _choose(self, request: kv_transfer_pb2.HandshakeRequest) -> kv_transfer_pb2.HandshakeResponse:
         wanted = set(request.transports)
-        for exporter in self._exporters:
+        if request.store and self._store is None:
+            raise Incompatible("this node has no KV store")
+        for exporter in self._store_exporters if request.store else self._exporters:
             if exporter.transport in wanted and exporter.accepts(request.host_id):
                 regions, session = exporter.describe()
                 return kv_transfer_pb2.HandshakeResponse(
                     transport=exporter.transport, regions=[r.to_proto() for r in regions], mooncake_session=session)
         if GRPC in wanted and self._serve_grpc:
             return kv_transfer_pb2.HandshakeResponse(transport=GRPC)
-        offered = [e.transport for e in self._exporters] + ([GRPC] if self._serve_grpc else [])
+        exporters = self._store_exporters if request.store else self._exporters
+        offered = [e.transport for e in exporters] + ([GRPC] if self._serve_grpc else [])
         raise Incompatible(f"no KV transport in common: consumer reads with {sorted(wanted)}, producer offers {offered}")
 
     def Open(self, request, context):
         with tracer().start_as_current_span("kv.open") as span:
             try:
-                transfer = self._open_transfer(request)
-                if self._block_checksums is None:
+                transfer, exported = self._open_transfer(request)
+                if self._block_checksums is None and not exported:
                     raise InvalidRequest("this producer serves its blocks over gRPC only")
             except PDMeshError as exc:
                 span.record_exception(exc)
@@ -100,10 +122,12 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         with tracer().start_as_current_span("kv.serve") as span:
             span.set_attribute("pdmesh.kv.transfer_id", request.transfer_id)
             try:
-                transfer = self._open_transfer(request)
+                transfer, exported = self._open_transfer(request)
             except PDMeshError as exc:
                 span.record_exception(exc)
                 self._abort(context, exc)
+            read_run, read_rows = ((lambda ids: self._store.read_rows(ids).tobytes(), self._store.read_rows)
+                                   if exported else (self._read_run, self._read_blocks))
             num_bytes = 0
             indexes = list(request.block_indexes)
             per_read = blocks_per_chunk(self._compat.block_nbytes, self._chunk_nbytes)
@@ -111,12 +135,12 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 batch = indexes[start:start + per_read]
                 block_ids = [transfer.block_ids[i] for i in batch]
                 hashes = [transfer.block_hashes[i] for i in batch]
-                if per_read > 1 and self._read_run is not None:  # a message's bytes straight from the cache
-                    chunk = run_chunk(batch, self._read_run(block_ids), self._compat.block_nbytes, hashes)
+                if per_read > 1 and read_run is not None:  # a message's bytes straight from the cache
+                    chunk = run_chunk(batch, read_run(block_ids), self._compat.block_nbytes, hashes)
                     yield chunk
                     nbytes = len(chunk.data)
                 else:
-                    rows = self._read_blocks(block_ids)  # one gather per layer
+                    rows = read_rows(block_ids)  # one gather per layer
                     yield from iter_chunks(batch, rows, hashes, self._chunk_nbytes)
                     nbytes = rows.nbytes
                 num_bytes += nbytes
@@ -124,6 +148,8 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
 
     def Release(self, request, context):
+        if self._store is not None and self._store.release(request.transfer_id):
+            return kv_transfer_pb2.ReleaseResponse(released=True)
         return kv_transfer_pb2.ReleaseResponse(released=self._held.release(request.transfer_id))
 
     def _checksums(self, transfer: HeldTransfer, block_indexes, block_ids: list[int]) -> list[int]:
@@ -143,14 +169,18 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         context.set_trailing_metadata(error_metadata(exc))
         context.abort(grpc_status_of(exc), str(exc))
 
-    def _open_transfer(self, request) -> HeldTransfer:
+    def _open_transfer(self, request) -> tuple[HeldTransfer, bool]:
+        """(the transfer, whether it is a KV store export)."""
         check_compatible(self._compat, request.compat)
-        transfer = self._held.wait_for(request.transfer_id, self._wait_timeout_s)
+        transfer = self._store.find(request.transfer_id) if self._store is not None else None
+        exported = transfer is not None
+        if transfer is None:
+            transfer = self._held.wait_for(request.transfer_id, self._wait_timeout_s)
         num_blocks = len(transfer.block_ids)
         bad = [i for i in request.block_indexes if not 0 <= i < num_blocks]
         if bad:
             raise InvalidRequest(f"transfer {request.transfer_id}: block indexes {bad} outside [0, {num_blocks})")
-        return transfer
+        return transfer, exported
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """A consumer's links to producers: one handshake per producer (cached) agrees the transport; the
-reader of that transport moves the blocks."""
+reader of that transport moves the blocks. A KV store's links (store=True) read other nodes' store
+exports instead of their engines' KV caches."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pdmesh.transport.kv_transport import KVReader, PeerLink
 
 
 class KVLinks:
-    def __init__(self, control: GrpcKVReceiver, readers: Sequence[KVReader]) -> None:
+    def __init__(self, control: GrpcKVReceiver, readers: Sequence[KVReader], store: bool = False) -> None:
         self.control = control
+        self._store = store
         self._readers = {reader.transport: reader for reader in readers}
         self._order = [reader.transport for reader in readers]  # this consumer's preference
         self._lock = threading.Lock()
@@ -33,7 +35,7 @@ class KVLinks:
             with self._lock:
                 link = self._links.get(address)
             if link is None:
-                link = self.control.handshake(address, self._order, host_id())
+                link = self.control.handshake(address, self._order, host_id(), store=self._store)
                 connect = getattr(self._readers[link.transport], "connect", None)
                 if connect is not None:
                     connect(link)

@@ -1,5 +1,4 @@
 from pdmesh.v1 import common_pb2 as _common_pb2
-from pdmesh.v1 import kv_transfer_pb2 as _kv_transfer_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -44,10 +43,18 @@ class BlockRef(_message.Message):
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, block_hash: _Optional[bytes] = ..., parent_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class FetchRequest(_message.Message):
+class ExportRequest(_message.Message):
     __slots__ = ("compat", "blocks")
     COMPAT_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     compat: _common_pb2.CompatInfo
     blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
     def __init__(self, compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ...) -> None: ...
+
+class ExportResponse(_message.Message):
+    __slots__ = ("transfer_id", "num_blocks")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    num_blocks: int
+    def __init__(self, transfer_id: _Optional[str] = ..., num_blocks: _Optional[int] = ...) -> None: ...

@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from pdmesh.v1 import kv_store_pb2 as pdmesh_dot_v1_dot_kv__store__pb2
-from pdmesh.v1 import kv_transfer_pb2 as pdmesh_dot_v1_dot_kv__transfer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -42,10 +41,10 @@ class KVStoreStub:
                 request_serializer=pdmesh_dot_v1_dot_kv__store__pb2.LookupRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_kv__store__pb2.LookupResponse.FromString,
                 _registered_method=True)
-        self.Fetch = channel.unary_stream(
-                '/pdmesh.v1.KVStore/Fetch',
-                request_serializer=pdmesh_dot_v1_dot_kv__store__pb2.FetchRequest.SerializeToString,
-                response_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.KVChunk.FromString,
+        self.Export = channel.unary_unary(
+                '/pdmesh.v1.KVStore/Export',
+                request_serializer=pdmesh_dot_v1_dot_kv__store__pb2.ExportRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_kv__store__pb2.ExportResponse.FromString,
                 _registered_method=True)
 
 
@@ -62,10 +61,13 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Fetch(self, request, context):
-        """Streams the named blocks from this node's tiers, in order, with the same chunks, checksums
-        and content hashes as KVTransfer.Pull. Stops with NOT_FOUND at the first block it does not
-        hold (the blocks before it were sent); FAILED_PRECONDITION when the CompatInfo differs.
+    def Export(self, request, context):
+        """Hands the leading named blocks this node holds to another node: copies them (verified) out of
+        whichever tier holds them into the node's export slab and holds them there under a transfer id
+        it mints, until KVTransfer.Release or the hold timeout. The caller reads them like any KV
+        transfer (KVTransfer.Open / Pull), through the transport agreed at a KVTransfer.Handshake with
+        `store` set. num_blocks below the number asked: the node lacks the next block.
+        RESOURCE_EXHAUSTED when the export slab is full; FAILED_PRECONDITION when the CompatInfo differs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -79,10 +81,10 @@ def add_KVStoreServicer_to_server(servicer, server):
                     request_deserializer=pdmesh_dot_v1_dot_kv__store__pb2.LookupRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_kv__store__pb2.LookupResponse.SerializeToString,
             ),
-            'Fetch': grpc.unary_stream_rpc_method_handler(
-                    servicer.Fetch,
-                    request_deserializer=pdmesh_dot_v1_dot_kv__store__pb2.FetchRequest.FromString,
-                    response_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.KVChunk.SerializeToString,
+            'Export': grpc.unary_unary_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=pdmesh_dot_v1_dot_kv__store__pb2.ExportRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_kv__store__pb2.ExportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -125,7 +127,7 @@ class KVStore:
             _registered_method=True)
 
     @staticmethod
-    def Fetch(request,
+    def Export(request,
             target,
             options=(),
             channel_credentials=None,
@@ -135,12 +137,12 @@ class KVStore:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
-            '/pdmesh.v1.KVStore/Fetch',
-            pdmesh_dot_v1_dot_kv__store__pb2.FetchRequest.SerializeToString,
-            pdmesh_dot_v1_dot_kv__transfer__pb2.KVChunk.FromString,
+            '/pdmesh.v1.KVStore/Export',
+            pdmesh_dot_v1_dot_kv__store__pb2.ExportRequest.SerializeToString,
+            pdmesh_dot_v1_dot_kv__store__pb2.ExportResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -72,14 +72,16 @@ class LayerRegion(_message.Message):
     def __init__(self, base: _Optional[int] = ..., nbytes: _Optional[int] = ..., block_stride: _Optional[int] = ..., part_stride: _Optional[int] = ..., num_parts: _Optional[int] = ..., part_nbytes: _Optional[int] = ..., shm_path: _Optional[str] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("compat", "transports", "host_id")
+    __slots__ = ("compat", "transports", "host_id", "store")
     COMPAT_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     compat: _common_pb2.CompatInfo
     transports: _containers.RepeatedScalarFieldContainer[str]
     host_id: str
-    def __init__(self, compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ...) -> None: ...
+    store: bool
+    def __init__(self, compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., store: _Optional[bool] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
     __slots__ = ("transport", "regions", "mooncake_session")

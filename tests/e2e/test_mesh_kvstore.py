@@ -116,8 +116,9 @@ async def test_a_prefix_another_worker_computed_is_fetched_from_its_store(store_
 
 
 def _assert_store_spans(otlp_receiver, request_id: str, num_blocks: int) -> None:
-    """The load, the fetch it made from the other node and the save all sit in the request's trace."""
-    wanted = {"prefill", "kvstore.load", "kvstore.serve", "kvstore.save"}
+    """The load, the export it asked of the other node (read over shared memory: one host) and the
+    save all sit in the request's trace."""
+    wanted = {"prefill", "kvstore.load", "kvstore.export", "kvstore.save"}
 
     def prefill_trace(spans):
         """The spans in the trace of the request's prefill (the test's own gateway exports none)."""
@@ -135,12 +136,12 @@ def _assert_store_spans(otlp_receiver, request_id: str, num_blocks: int) -> None
         return by_id[by_name[name].parent_span_id].name
 
     assert parent_name("kvstore.load") == parent_name("kvstore.save") == "prefill"
-    assert parent_name("kvstore.serve") == "/pdmesh.v1.KVStore/Fetch"
-    assert by_name["kvstore.serve"].service == "pdmesh-prefill-engine"
+    assert parent_name("kvstore.export") == "/pdmesh.v1.KVStore/Export"
+    assert by_name["kvstore.export"].service == "pdmesh-prefill-engine"
     load = by_name["kvstore.load"].attributes
-    assert (load["pdmesh.kvstore.tokens.remote"], load["pdmesh.kvstore.blocks"], load["pdmesh.kv.bytes"]) == (
-        num_blocks * BLOCK_SIZE, num_blocks, num_blocks * BLOCK_NBYTES)
-    assert by_name["kvstore.serve"].attributes["pdmesh.kv.bytes"] == num_blocks * BLOCK_NBYTES
+    assert (load["pdmesh.kvstore.tokens.remote"], load["pdmesh.kvstore.blocks"], load["pdmesh.kv.bytes"],
+            load["pdmesh.kv.transport"]) == (num_blocks * BLOCK_SIZE, num_blocks, num_blocks * BLOCK_NBYTES, "shm")
+    assert by_name["kvstore.export"].attributes["pdmesh.kv.bytes"] == num_blocks * BLOCK_NBYTES
     # the second prompt's new full block (its suffix) is the only one this node lacked
     assert by_name["kvstore.save"].attributes["pdmesh.kvstore.blocks_saved"] == num_blocks + 1
 

@@ -1,4 +1,5 @@
-"""Two nodes' stores over real gRPC sharing a real Redis index: lookup local then remote, fetch."""
+"""Two nodes' stores over real gRPC sharing a real Redis index: lookup local then remote; a node
+exports blocks to another, which reads them as a KV transfer on the node's KV port."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from kvstore.prefix_lookup import BlockSource
 from kvstore.redis_index import RedisBlockIndex
 from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import host_tier
-from pdmesh.errors import Incompatible, TransferNotFound
+from kvstore.store_export import StoreExports
+from pdmesh.errors import Incompatible, Overloaded
+from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfers
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
@@ -23,9 +26,11 @@ COMPAT = common_pb2.CompatInfo(model_fingerprint=SEED.decode(), dtype="float32",
 class _Node:
     def __init__(self, redis_server) -> None:
         self.store = TieredBlockStore([host_tier(8 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
-        servicer = KVStoreServicer(COMPAT, self.store, index=None)
+        self.exports = StoreExports(self.store, [(1, BLOCK_NBYTES)], 3 * BLOCK_NBYTES, hold_s=60)
+        servicer = KVStoreServicer(COMPAT, self.store, index=None, exports=self.exports)
         self.server = GrpcKVServer(
-            KVTransferServicer(COMPAT, HeldTransfers(), lambda block_ids: None), "127.0.0.1", 0,
+            KVTransferServicer(COMPAT, HeldTransfers(), lambda block_ids: None, wait_timeout_s=0.2,
+                               store=self.exports), "127.0.0.1", 0,
             extra_services=[ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, servicer)])
         self.index = RedisBlockIndex.connect(redis_server.url, redis_server.password, SEED.decode(),
                                              self.server.address, ttl_s=60)
@@ -33,7 +38,9 @@ class _Node:
         self.store.set_listener(self.index)
 
     def stop(self) -> None:
+        assert self.exports.num_held == 0
         self.server.stop(0)
+        self.exports.close()
         self.index.close()
 
 
@@ -63,19 +70,30 @@ def test_lookup_finds_local_blocks_then_the_ones_another_node_holds(nodes):
     assert client.lookup(b.server.address, _tokens(4), extra_key=b"tenant-b") == []
 
 
-def test_fetch_streams_verified_blocks_and_stops_at_the_first_it_lacks(nodes):
+def test_an_export_holds_the_leading_blocks_held_until_released_on_the_kv_port(nodes):
     a, _, client = nodes
     k = keys(3)
     a.store.put(k[0], payload(10))
     a.store.put(k[1], payload(11))
-    blocks = list(client.fetch(a.server.address, k[:2]))
-    assert [(b.block_index, b.block_hash, bytes(b.payload)) for b in blocks] == [
-        (0, k[0].block_hash, payload(10)), (1, k[1].block_hash, payload(11))]
-    got = []
-    with pytest.raises(TransferNotFound):
-        for block in client.fetch(a.server.address, [k[0], k[2], k[1]]):
-            got.append(block.block_index)
-    assert got == [0]
+    reader = GrpcKVReceiver(COMPAT, timeout_s=5)
+    try:
+        transfer_id, num_blocks = client.export(a.server.address, [k[0], k[2], k[1]])
+        assert num_blocks == 1  # stops at the first block it lacks
+        reader.release(a.server.address, transfer_id)
+        transfer_id, num_blocks = client.export(a.server.address, k)
+        assert num_blocks == 2
+        blocks = list(reader.pull(a.server.address, transfer_id, [0, 1]))
+        assert [(b.block_index, b.block_hash, bytes(b.payload)) for b in blocks] == [
+            (0, k[0].block_hash, payload(10)), (1, k[1].block_hash, payload(11))]
+        assert client.export(a.server.address, [k[2]]) == ("", 0)  # none held: no transfer
+        with pytest.raises(Overloaded):  # 2 of its 3 slots are held
+            client.export(a.server.address, k[:2])
+        reader.release(a.server.address, transfer_id)
+        assert client.export(a.server.address, k[:2])[1] == 2  # room again
+    finally:
+        for transfer_id in list(a.exports._held):
+            reader.release(a.server.address, transfer_id)
+        reader.close()
 
 
 def test_a_peer_with_another_layout_is_refused(nodes):
@@ -87,5 +105,5 @@ def test_a_peer_with_another_layout_is_refused(nodes):
     with pytest.raises(Incompatible, match="block_size"):
         client.lookup(a.server.address, _tokens(1))
     with pytest.raises(Incompatible):
-        list(client.fetch(a.server.address, keys(1)))
+        client.export(a.server.address, keys(1))
     client.close()

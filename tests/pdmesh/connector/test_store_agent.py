@@ -1,32 +1,40 @@
 """The connector's KV store path without vLLM: producers save finished prompts' blocks into their
 stores (real tiers, a real Redis index), load them back locally and fetch them from each other
-over real gRPC; corrupt and missing blocks become failed block ids (recomputed by vLLM)."""
+through each real transport (shared memory, Mooncake over TCP, gRPC): the node exports them and the
+other reads them like a prefill's KV. Corrupt, mislabeled and missing blocks become failed block ids
+(recomputed by vLLM), and no export is left held."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
 
 import pytest
 import torch
 
+from kvstore.block_key import block_keys
 from kvstore.disk_tier import find_block
-from pdmesh.config import StoreSettings, TelemetrySettings
+from pdmesh.compat import fingerprint_seed
+from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.connector import store_agent
 from pdmesh.connector.compute_rate import ComputeRate
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask, StoreLoadTask
 from pdmesh.connector.store_lookup import StoreLookup
 from pdmesh.connector.worker_side import ConnectorWorker
+from pdmesh.errors import TransferNotFound
 from tests.kvstore.factories import flip_bit
 
 BLOCK_SIZE, NUM_BLOCKS = 32, 8
 TOKENS = list(range(3, 3 + 80))  # 2 full blocks and a partial one
 BLOCK_NBYTES = 2 * 2 * BLOCK_SIZE * 16 * 4
+TRANSPORTS = ["shm", "mooncake", "grpc"]
 
 
-def _producer(model_dir, store: StoreSettings) -> ConnectorWorker:
+def _producer(model_dir, store: StoreSettings, transport: str = "auto") -> ConnectorWorker:
     worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=True, kv_host="127.0.0.1",
                              kv_port=0, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(),
-                             store=store)
+                             store=store, transport=KVTransportSettings(kv_transport=transport))
     worker.caches = {f"l{i}": torch.randn(NUM_BLOCKS, 2, BLOCK_SIZE, 16) for i in range(2)}
     worker.register_kv_caches(worker.caches, NUM_BLOCKS)
     return worker
@@ -38,18 +46,32 @@ def model_dir(tmp_path):
     return tmp_path
 
 
-@pytest.fixture
-def producers(model_dir, tmp_path, redis_server, no_thread_leak):
+@contextlib.contextmanager
+def _pair(model_dir, tmp_path, redis_server, transport: str = "auto"):
     def settings(name: str) -> StoreSettings:
         return StoreSettings(device_bytes=0, dram_bytes=4 * BLOCK_NBYTES, nvme_bytes=4 * BLOCK_NBYTES,
                              nvme_dir=tmp_path / name, redis_url=redis_server.url,
-                             redis_password=redis_server.password)
+                             redis_password=redis_server.password, export_bytes=3 * BLOCK_NBYTES)
 
-    a, b = _producer(model_dir, settings("a")), _producer(model_dir, settings("b"))
+    a, b = _producer(model_dir, settings("a"), transport), _producer(model_dir, settings("b"), transport)
     yield a, b
     for worker in (a, b):
         assert worker.store.counters()["kv_store_pinned_blocks"] == 0
+        assert worker.store.exports.num_held == 0  # no export left held either
         worker.shutdown()
+
+
+@pytest.fixture
+def producers(model_dir, tmp_path, redis_server, no_thread_leak):
+    with _pair(model_dir, tmp_path, redis_server) as pair:
+        yield pair
+
+
+@pytest.fixture(params=TRANSPORTS)
+def nodes(request, model_dir, tmp_path, redis_server, no_thread_leak):
+    """Two producers whose stores read each other's exports over one transport."""
+    with _pair(model_dir, tmp_path, redis_server, request.param) as (a, b):
+        yield a, b, request.param
 
 
 def _save(worker: ConnectorWorker, block_ids: list[int]) -> None:
@@ -114,17 +136,18 @@ def test_saves_past_the_queue_limit_are_skipped_and_counted_and_never_wait(model
         worker.shutdown()
 
 
-def test_blocks_load_back_locally_and_from_another_node(producers):
-    a, b = producers
+def test_blocks_load_back_locally_and_from_another_node(nodes):
+    a, b, transport = nodes
     _save(a, [5, 2, 7])
     assert _load(a, ["", ""], [0, 1])["tokens_by_tier"] == {"dram": 64}
     assert _same_block(a, 0, a, 5) and _same_block(a, 1, a, 2)
     stats = _load(b, [a.store.index.node] * 2, [3, 4])
     assert _same_block(b, 3, a, 5) and _same_block(b, 4, a, 2)
-    assert (stats["tokens_by_tier"], stats["num_bytes"], stats["num_failed_blocks"]) == ({"remote": 64},
-                                                                                        2 * BLOCK_NBYTES, 0)
+    assert (stats["tokens_by_tier"], stats["num_bytes"], stats["num_failed_blocks"], stats["transport"]) == (
+        {"remote": 64}, 2 * BLOCK_NBYTES, 0, transport)
     assert b.take_failed_block_ids() == set()
     assert b.counters()["kv_store_hit_blocks"] == {"remote": 2}
+    assert a.counters()["kv_bytes_sent_by_transport"] == {transport: 2 * BLOCK_NBYTES}  # the export, read once
 
 
 def test_the_lookup_sees_local_then_remote_blocks(producers):
@@ -149,12 +172,23 @@ def test_a_bit_flipped_on_nvme_fails_that_block_and_keeps_the_prefix(producers, 
     assert (counters["kv_store_corrupt_blocks"], counters["kv_store_failed_blocks"]) == (1, 1)
 
 
-def test_a_node_that_lost_the_block_is_a_miss_not_an_error(producers):
-    a, b = producers
+def test_a_node_that_lost_the_block_is_a_miss_not_an_error(nodes):
+    a, b, _ = nodes
     _save(a, [5, 2, 7])
     a.store.store.clear()
     _load(b, [a.store.index.node] * 2, [3, 4])
     assert b.take_failed_block_ids() == {3, 4}
+
+
+def test_a_node_whose_export_slab_is_full_is_computed_around(nodes):
+    a, b, _ = nodes
+    _save(a, [5, 2, 7])
+    held = a.store.exports.export(_keys(a)).transfer  # 2 of its 3 slots
+    assert held is not None
+    _load(b, [a.store.index.node] * 2, [3, 4])  # needs 2 slots, 1 is free
+    assert b.take_failed_block_ids() == {3, 4}
+    assert a.store.exports.release(held.transfer_id)
+    assert _load(b, [a.store.index.node] * 2, [3, 4])["tokens_by_tier"] == {"remote": 64}
 
 
 def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers, monkeypatch):
@@ -169,18 +203,38 @@ def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers, mo
     assert a.counters()["kv_store_loads_cut"] == 1
 
 
-def test_a_node_that_sends_another_block_than_asked_keeps_the_prefix_before_it(producers):
-    a, b = producers
+def test_a_node_that_sends_another_block_than_asked_keeps_the_prefix_before_it(nodes):
+    a, b, _ = nodes
     _save(a, [5, 2, 7])
-    real_fetch_runs = b.store._client.fetch_runs
+    find = a.store.exports.find
 
-    def second_block_mislabeled(address, keys):
-        for blocks in real_fetch_runs(address, keys):
-            blocks[1].block_hash = b"\x00" * len(blocks[1].block_hash)  # both blocks arrive in one message
-            yield blocks
+    def second_block_mislabeled(transfer_id):
+        transfer = find(transfer_id)
+        return transfer and dataclasses.replace(transfer, block_hashes=(transfer.block_hashes[0], b"\x00" * 16))
 
-    b.store._client.fetch_runs = second_block_mislabeled
+    a.store.exports.find = second_block_mislabeled
     stats = _load(b, [a.store.index.node] * 2, [3, 4])
     assert _same_block(b, 3, a, 5)
     assert (stats["tokens_by_tier"], stats["num_failed_blocks"]) == ({"remote": 32}, 1)
     assert b.take_failed_block_ids() == {4}
+
+
+def test_an_export_is_read_by_its_transfer_id_only_and_freed_at_its_deadline(producers):
+    a, b = producers
+    _save(a, [5, 2, 7])
+    a._servicer._wait_timeout_s = 0.2
+    exported = a.store.exports.export(_keys(a)).transfer
+    control, address = b.store._links.control, a._server.address
+    with pytest.raises(TransferNotFound):
+        control.open(address, "guessed", [0], "grpc")
+    control.release(address, "guessed")
+    assert [bytes(block.payload) for block in control.pull(address, exported.transfer_id, [0, 1])] == [
+        a.store.store.read(key)[0].tobytes() for key in _keys(a)]
+    a.store.exports._hold_s = 0.0  # a reader that never releases
+    assert a.store.exports.export(_keys(a)[:1]).transfer is not None
+    assert (a.store.exports.num_held, a.store.exports.num_expired) == (1, 1)  # the first is still held
+    control.release(address, exported.transfer_id)
+
+
+def _keys(worker: ConnectorWorker):
+    return block_keys(fingerprint_seed(worker.compat), TOKENS, BLOCK_SIZE)

@@ -105,7 +105,7 @@ def test_without_the_mesh_token_every_kv_and_store_call_is_refused(held, no_thre
             with pytest.raises(Unauthenticated):
                 client.release(server.address, "t1")
         with pytest.raises(Unauthenticated):
-            list(store.fetch(server.address, [BlockKey(b"h" * 16, b"", (1,))]))
+            store.export(server.address, [BlockKey(b"h" * 16, b"", (1,))])
         with pytest.raises(Unauthenticated):
             store.lookup(server.address, [1] * 32)
         assert held.num_held == 1  # nothing was released

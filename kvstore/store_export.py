@@ -1,0 +1,152 @@
+"""A node's KV store blocks handed to another node as a KV transfer.
+
+`export` copies the leading held blocks (verified, from whichever tier holds them, with the store's
+one batched read per tier) into an export slab in shared memory and holds them there under an
+unguessable transfer id, until the reader releases it or the hold times out. The reader reads them
+like a prefill's KV (pdmesh/transport/kv_transport.py): shared memory maps the slab, Mooncake reads
+it registered, gRPC streams its rows. The store's own blocks are never pinned by a remote reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvstore.block_key import BlockKey
+from kvstore.block_store import TieredBlockStore
+from kvstore.shared_slab import SharedSlab
+from pdmesh.errors import Overloaded
+from pdmesh.transport.held_transfers import HeldTransfer
+from pdmesh.transport.kv_layout import LayerRegion, row_checksums, rows_regions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Exported:
+    transfer: HeldTransfer | None  # None: the store holds none of the blocks
+    tiers: list[str]               # where each exported block came from
+
+
+class StoreExports:
+    def __init__(self, store: TieredBlockStore, pieces: Sequence[tuple[int, int]], capacity_bytes: int,
+                 hold_s: float) -> None:
+        """pieces: (num_parts, part_nbytes) of each layer, as in the engine's KV cache."""
+        self._store = store
+        self._pieces = list(pieces)
+        self.num_slots = max(1, capacity_bytes // store.block_nbytes)
+        self._slab = SharedSlab(self.num_slots, store.block_nbytes, prefix="pdmesh-store-export")
+        self._hold_s = hold_s
+        self._lock = threading.Lock()
+        self._free = np.ones(self.num_slots, dtype=bool)
+        self._held: dict[str, HeldTransfer] = {}
+        self.num_expired = 0
+
+    def regions(self) -> list[LayerRegion]:
+        """The slab, by address in this process (Mooncake)."""
+        return rows_regions(self._slab.address, self.num_slots, self._pieces)
+
+    def shared_regions(self) -> list[LayerRegion] | None:
+        """The slab, by offset in its shared file (None: not in shared memory)."""
+        if self._slab.path is None:
+            return None
+        return rows_regions(0, self.num_slots, self._pieces, shm_path=str(self._slab.path))
+
+    def registered_region(self) -> LayerRegion:
+        """The whole slab as one region (what Mooncake registers)."""
+        rows = self._slab.rows
+        return LayerRegion(base=self._slab.address, nbytes=rows.nbytes, block_stride=rows.shape[1], part_stride=0,
+                           num_parts=1, part_nbytes=rows.shape[1])
+
+    def export(self, keys: Sequence[BlockKey]) -> Exported:
+        """Exports the leading blocks of `keys` the store holds; Overloaded when the slab has no
+        room for all of `keys` (the caller computes them instead)."""
+        if not keys:
+            return Exported(None, [])
+        slots = self._allocate(len(keys))
+        try:
+            num_held, tiers = self._copy_in(keys, slots)
+        except BaseException:
+            self._free_slots(slots)
+            raise
+        self._free_slots(slots[num_held:])
+        if not num_held:
+            return Exported(None, [])
+        kept = slots[:num_held]
+        checksums: Future = Future()
+        checksums.set_result(row_checksums(self._slab.rows[kept], self.regions()))
+        transfer = HeldTransfer(secrets.token_urlsafe(18), tuple(kept), tuple(k.block_hash for k in keys[:num_held]),
+                                deadline=time.monotonic() + self._hold_s, checksums=checksums)
+        with self._lock:
+            self._held[transfer.transfer_id] = transfer
+        return Exported(transfer, tiers)
+
+    def find(self, transfer_id: str) -> HeldTransfer | None:
+        self._expire()
+        with self._lock:
+            return self._held.get(transfer_id)
+
+    def read_rows(self, slots: list[int]) -> np.ndarray:
+        """The exported blocks' wire rows ((n, block_nbytes) uint8)."""
+        return self._slab.rows[slots]
+
+    def release(self, transfer_id: str) -> bool:
+        with self._lock:
+            transfer = self._held.pop(transfer_id, None)
+        if transfer is None:
+            return False
+        self._free_slots(list(transfer.block_ids))
+        return True
+
+    @property
+    def num_held(self) -> int:
+        self._expire()
+        with self._lock:
+            return len(self._held)
+
+    def close(self) -> None:
+        self._slab.close()
+
+    def _copy_in(self, keys: Sequence[BlockKey], slots: list[int]) -> tuple[int, list[str]]:
+        """Reads the keys' leading held blocks into `slots`; (how many, their tiers)."""
+        contiguous = slots[-1] - slots[0] + 1 == len(slots)
+        if contiguous:  # the store's reads land in the slab itself
+            rows, tiers = self._store.read_prefix(keys, self._slab.rows[slots[0]:slots[-1] + 1])
+        else:
+            rows, tiers = self._store.read_prefix(keys)
+            self._slab.rows[slots[:len(tiers)]] = rows
+        return len(tiers), tiers
+
+    def _allocate(self, num_blocks: int) -> list[int]:
+        """Free slots for num_blocks, a contiguous run where there is one."""
+        self._expire()
+        with self._lock:
+            free = np.flatnonzero(self._free)
+            if len(free) < num_blocks:
+                raise Overloaded(f"the KV store's export slab has {len(free)} free blocks, {num_blocks} asked")
+            runs = np.flatnonzero(free[num_blocks - 1:] - free[:len(free) - num_blocks + 1] == num_blocks - 1)
+            slots = (list(range(free[runs[0]], free[runs[0]] + num_blocks)) if len(runs)
+                     else free[:num_blocks].tolist())
+            self._free[slots] = False
+            return slots
+
+    def _free_slots(self, slots: list[int]) -> None:
+        with self._lock:
+            self._free[slots] = True
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [tid for tid, transfer in self._held.items() if transfer.deadline <= now]
+            for transfer_id in expired:
+                self._free[list(self._held.pop(transfer_id).block_ids)] = True
+            self.num_expired += len(expired)
+        if expired:
+            logger.warning("%d KV store exports were not released within %.0f s: freed", len(expired), self._hold_s)
