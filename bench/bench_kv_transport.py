@@ -157,7 +157,7 @@ def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
         consumer, _ = _worker(work, False, transport, max_blocks)
         try:
             if transport == "mooncake":
-                engine = consumer._links._readers["mooncake"]._engine
+                engine = consumer._links_for((0, 1))._readers["mooncake"]._engine
                 local = [r.base for r in consumer._paged.regions()]
                 for size in sizes:
                     results["raw_te_gbps"][size] = _raw_te_gbps(engine, served["session"], served["bases"], local,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pdmesh.compat import check_compatible
+from pdmesh.compat import check_readable
 from pdmesh.connector.params import REQUEST_STATS, decode_params
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
@@ -56,7 +56,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         check_prompt(request.prompt_token_ids, self._info.max_model_len, self._info.vocab_size)
         check_sampling(request.sampling, len(request.prompt_token_ids), self._info.max_model_len)
         if request.kv.transfer_id:
-            check_compatible(self._info.compat, request.kv.compat)
+            check_readable(request.kv.compat, self._info.compat)  # the producer may have more ranks
         if request.kv.num_tokens > len(request.prompt_token_ids):
             raise InvalidRequest("KV handle covers more tokens than the prompt has")
 

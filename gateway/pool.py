@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from pdmesh.background import BackgroundTasks
-from pdmesh.compat import check_compatible
+from pdmesh.compat import check_readable
 from pdmesh.config import TlsSettings
 from pdmesh.errors import Incompatible, NoWorkerAvailable
 from pdmesh.registry import RegistryWatcher, WorkerRecord
@@ -90,7 +90,7 @@ class WorkerPool:
         found, last_error = [], None
         for decode in decodes:
             try:
-                check_compatible(prefill.info.compat, decode.info.compat)
+                check_readable(prefill.info.compat, decode.info.compat)  # decode may have fewer ranks
                 found.append(decode)
             except Incompatible as exc:
                 last_error = exc

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pdmesh.transport.shm import segments
+
 logger = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 
@@ -32,6 +34,7 @@ class SharedSlab:
             self.rows = np.zeros((num_rows, row_nbytes), dtype=np.uint8)
             return
         self.path = path  # the shared file; None: private memory
+        segments.record([path])  # swept if this process dies uncleanly
         self.rows = np.frombuffer(mapping, dtype=np.uint8).reshape(num_rows, row_nbytes)
 
     @property

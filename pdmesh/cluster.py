@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdmesh.transport.shm import segments
+
 
 def core_of(role: str, index: int, num_cores: int) -> int:
     """Prefill workers share the lower half of the cores, decode workers the upper half: an engine
@@ -41,6 +43,7 @@ class LocalCluster:
     num_prefill: int = 1
     num_decode: int = 1
     worker_args: list[str] = field(default_factory=list)   # extra CLI flags for every worker
+    prefill_args: list[str] = field(default_factory=list)  # and for prefill workers only (after those)
     telemetry_args: list[str] = field(default_factory=list)  # --telemetry.* flags for every process
     gateway_args: list[str] = field(default_factory=list)    # extra CLI flags for the gateway
     store_dir: Path | None = None   # each prefill worker's KV store keeps its NVMe tier in a folder under it
@@ -96,6 +99,7 @@ class LocalCluster:
             raise
         finally:
             self._processes.clear()
+            segments.sweep()  # what killed workers left in /dev/shm
 
     @staticmethod
     def _kill_group(process: _Process) -> None:
@@ -106,6 +110,7 @@ class LocalCluster:
     def kill(self, name: str) -> None:
         """SIGKILLs a process (and its engine's processes): a crash, not a shutdown."""
         self._kill_group(next(p for p in self._processes if p.name == name))
+        segments.sweep()
 
     def logs(self) -> str:
         return "\n".join(f"==> {p.name} <==\n{p.log_path.read_text()[-4000:]}" for p in self._processes)
@@ -122,6 +127,8 @@ class LocalCluster:
                 "--engine.omp_threads_bind", str(core), *self.worker_args, *self.telemetry_args]
         if role == "prefill" and self.store_dir is not None:
             args += ["--store.nvme_dir", str(self.store_dir / f"{role}-{index}")]
+        if role == "prefill":
+            args += self.prefill_args
         return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args],
                            env={**os.environ, "PDMESH_WORKER_MESH_TOKEN": self.mesh_token})
 

@@ -11,7 +11,8 @@ from pdmesh.v1 import common_pb2
 
 # Bump when the byte layout of a block on the wire changes.
 LAYOUT_VERSION = 1
-_CHECKED_FIELDS = ("model_fingerprint", "dtype", "block_size", "layout", "num_layers", "block_nbytes")
+_SHARED_FIELDS = ("model_fingerprint", "dtype", "block_size", "layout", "num_layers")  # whatever the ranks
+_RANK_FIELDS = ("block_nbytes", "num_kv_heads")  # what each rank holds
 
 
 def model_fingerprint(model_dir: str | Path, dtype: str, block_size: int) -> str:
@@ -32,11 +33,46 @@ def fingerprint_seed(compat: common_pb2.CompatInfo) -> bytes:
 
 
 def check_compatible(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo) -> None:
-    """Raises Incompatible naming every field that differs."""
-    diffs = [
-        f"{name}: local={getattr(mine, name)!r} peer={getattr(theirs, name)!r}"
-        for name in _CHECKED_FIELDS
-        if getattr(mine, name) != getattr(theirs, name)
-    ]
+    """Raises Incompatible naming every field that differs (same model, same layout, same ranks)."""
+    diffs = _diffs(mine, theirs, _SHARED_FIELDS + _RANK_FIELDS)
+    if tp_size(mine) != tp_size(theirs):
+        diffs.append(f"tp_size: local={tp_size(mine)} peer={tp_size(theirs)}")
     if diffs:
         raise Incompatible("KV layout mismatch between prefill and decode: " + "; ".join(diffs))
+
+
+def check_readable(producer: common_pb2.CompatInfo, consumer: common_pb2.CompatInfo) -> None:
+    """A consumer can read the producer's blocks: compatible, or with fewer tensor-parallel ranks
+    (tp_ratio) whose caches hold each producer rank's heads as a run of bytes per piece."""
+    if tp_size(producer) == tp_size(consumer):
+        check_compatible(producer, consumer)
+        return
+    diffs = _diffs(producer, consumer, _SHARED_FIELDS)
+    ratio = tp_size(producer) // tp_size(consumer)
+    heads_fit = (consumer.num_kv_heads == ratio * producer.num_kv_heads
+                 and consumer.block_nbytes == ratio * producer.block_nbytes)
+    if tp_size(producer) % tp_size(consumer) or not (producer.heads_outer and consumer.heads_outer and heads_fit):
+        diffs.append(f"tensor parallel: prefill tp={tp_size(producer)} ({producer.num_kv_heads} KV heads a rank, "
+                     f"head-major={producer.heads_outer}), decode tp={tp_size(consumer)} ({consumer.num_kv_heads}, "
+                     f"head-major={consumer.heads_outer}): decode can read from k times as many prefill ranks "
+                     f"when both keep blocks head-major")
+    if diffs:
+        raise Incompatible("KV layout mismatch between prefill and decode: " + "; ".join(diffs))
+
+
+def tp_size(compat: common_pb2.CompatInfo) -> int:
+    return max(1, compat.tp_size)
+
+
+def tp_ratio(producer_tp_size: int, consumer_tp_size: int) -> int:
+    """How many producer ranks each consumer rank reads from (each holding 1/ratio of its heads)."""
+    producer_tp_size, consumer_tp_size = max(1, producer_tp_size), max(1, consumer_tp_size)
+    if producer_tp_size % consumer_tp_size:
+        raise Incompatible(f"decode with tp={consumer_tp_size} cannot read from prefill with tp={producer_tp_size}: "
+                           f"prefill needs a multiple of decode's ranks")
+    return producer_tp_size // consumer_tp_size
+
+
+def _diffs(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo, names) -> list[str]:
+    return [f"{name}: local={getattr(mine, name)!r} peer={getattr(theirs, name)!r}"
+            for name in names if getattr(mine, name) != getattr(theirs, name)]

@@ -24,7 +24,8 @@ class EngineSettings(BaseModel):
     max_model_len: int = 4096
     max_num_seqs: int = 64
     kv_cache_space_gib: int = 1        # VLLM_CPU_KVCACHE_SPACE
-    omp_threads_bind: str = "auto"     # VLLM_CPU_OMP_THREADS_BIND ("0-1", "nobind", ...)
+    omp_threads_bind: str = "auto"     # VLLM_CPU_OMP_THREADS_BIND ("0-1", "nobind", one range per rank: "0|1")
+    tensor_parallel_size: int = 1      # ranks; each serves its share of the KV heads on kv_port + rank
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     seed: int = 0

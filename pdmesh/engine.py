@@ -19,10 +19,24 @@ def apply_cpu_env(engine: EngineSettings) -> None:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
-def free_port(host: str) -> int:
+def free_port(host: str, count: int = 1) -> int:
+    """A free port P such that P .. P + count - 1 are free too (one per tensor-parallel rank)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if all(_is_free(host, port + offset) for offset in range(1, count)):
+            return port
+    raise OSError(f"no {count} consecutive free ports on {host}")
+
+
+def _is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]:
@@ -57,6 +71,7 @@ def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
         "enforce_eager": engine.enforce_eager,
         "enable_prefix_caching": engine.enable_prefix_caching,
         "seed": engine.seed,
+        "tensor_parallel_size": engine.tensor_parallel_size,
     }
 
 

@@ -61,7 +61,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     provider = setup_tracing(settings.telemetry, f"pdmesh-{settings.role}")
     metrics = MeshMetrics(settings.role)
     block_nbytes_holder: list[int] = []
-    kv_port = settings.kv_port or free_port(settings.kv_host)
+    kv_port = settings.kv_port or free_port(settings.kv_host, settings.engine.tensor_parallel_size)
     engine = build_worker_engine(settings, kv_port, [stat_logger_factory(metrics, block_nbytes_holder)])
     try:
         info = await describe_worker(settings, engine, f"{settings.kv_host_for_peers}:{kv_port}")

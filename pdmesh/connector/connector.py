@@ -10,6 +10,7 @@ Each role's logic lives in its own class; this class only routes vLLM's calls to
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.connector.store_lookup import AsyncStoreLookup, StoreLookup
 from pdmesh.transport.affinity import all_cores
 from pdmesh.connector.worker_side import ConnectorWorker
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -45,6 +48,11 @@ class PDMeshConnector(KVConnectorBase_V1):
         self._scheduler: ConnectorScheduler | None = None
         self._worker: ConnectorWorker | None = None
         store = StoreSettings(**extra["store"]) if extra.get("store") else None
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
+        if store is not None and store.enabled and tp_size > 1:
+            # each rank holds its share of the heads: the store would need one namespace and node per rank
+            logger.warning("the KV store is off with tensor parallelism (tp=%d): not supported yet", tp_size)
+            store = None
         if role == KVConnectorRole.SCHEDULER:
             install_scheduler_stats()  # this runs in the engine core's process
             advertise_host = str(extra.get("kv_advertise_host", kv_host))
@@ -53,7 +61,7 @@ class PDMeshConnector(KVConnectorBase_V1):
             lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s,
                                                    auth))
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
-            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup)
+            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup, tp_size=tp_size)
         else:
             if extra.get("gil_switch_interval_s"):  # the KV threads' GIL handoffs (pdmesh/config.py)
                 sys.setswitchinterval(float(extra["gil_switch_interval_s"]))
@@ -69,7 +77,9 @@ class PDMeshConnector(KVConnectorBase_V1):
             pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
             telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
             store=store, kv_advertise_host=extra.get("kv_advertise_host"),
-            transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank())
+            transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank(),
+            tp_size=vllm_config.parallel_config.tensor_parallel_size,
+            num_kv_heads=vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config))
 
     @property
     def worker(self) -> ConnectorWorker:

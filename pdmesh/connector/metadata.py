@@ -38,6 +38,7 @@ class RecvTask:
     report_done: bool = True     # False: release-only (nothing is waiting on it)
     extra_key: bytes = b""       # the request's cache salt: part of its blocks' content hashes
     trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kv.transfer span
+    producer_tp_size: int = 1    # the producer's ranks (each serves its heads on kv_address's port + rank)
 
 
 @dataclass

@@ -2,6 +2,10 @@
 
 A block's wire bytes are the block's slice of every layer, layers in registration order.
 Handles per-layer tensors shaped (num_blocks, ...) and (2, num_blocks, ...) (K/V split).
+A cache whose block pieces are head-major ((heads, block_size, ...): the CPU backend's
+[num_blocks, num_kv_heads, block_size, 2 * head_size], or HND) can also take the blocks of a
+producer with `k` times as many tensor-parallel ranks: rank j's heads land as the j-th of k equal
+runs of each piece (`head_slice`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from pdmesh.errors import InvalidRequest
 from pdmesh.transport.kv_layout import LayerRegion, block_checksums, row_checksums
+from pdmesh.transport.shm import segments
 
 
 @dataclass(frozen=True)
@@ -25,11 +30,21 @@ class _LayerView:
     block_nbytes: int
 
 
+WHOLE = (0, 1)  # head_slice (j, k): the j-th of k equal head ranges of each piece; WHOLE: every head
+
+
 class PagedKVCache:
-    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, num_kv_heads: int = 0,
+                 block_size: int = 0) -> None:
+        """num_kv_heads, block_size: this rank's KV heads and tokens per block (0: unknown, so no
+        head slices)."""
         self._layers = [self._layer_view(name, t, num_blocks) for name, t in kv_caches.items()]
         self.num_blocks = num_blocks
         self.block_nbytes = sum(layer.block_nbytes for layer in self._layers)
+        self.num_kv_heads = num_kv_heads
+        pieces = {_piece_shape(layer) for layer in self._layers}
+        self.heads_outer = (len(pieces) == 1 and num_kv_heads > 0 and num_kv_heads != block_size
+                            and all(len(p) == 3 and p[0] == num_kv_heads and p[1] == block_size for p in pieces))
 
     @property
     def num_layers(self) -> int:
@@ -45,8 +60,13 @@ class PagedKVCache:
 
     @property
     def layout(self) -> str:
+        """A block's shape (heads named, not counted, where they are outermost: ranks hold shares)."""
         first = self._layers[0]
-        return f"block_dim={first.block_dim};shape={tuple(first.tensor.shape)};device={first.tensor.device.type}"
+        block = tuple(first.tensor.select(first.block_dim, 0).shape)
+        if self.heads_outer:
+            head_dim = 0 if first.block_dim == 0 else 1
+            block = block[:head_dim] + ("heads",) + block[head_dim + 1:]
+        return f"block_dim={first.block_dim};block={block};device={first.tensor.device.type}"
 
     def read_block(self, block_id: int) -> memoryview:
         """A fresh contiguous copy of one block across all layers."""
@@ -77,26 +97,40 @@ class PagedKVCache:
             raise InvalidRequest(f"block payload {len(payload)} bytes, expected {self.block_nbytes}")
         self.write_blocks([block_id], torch.frombuffer(payload, dtype=torch.uint8).view(1, -1))
 
-    def write_blocks(self, block_ids: list[int], rows: torch.Tensor) -> None:
+    def write_blocks(self, block_ids: list[int], rows: torch.Tensor, head_slice: tuple[int, int] = WHOLE) -> None:
         """The inverse of read_blocks: row i of `rows` ((n, block_nbytes) uint8) into block_ids[i],
-        one scatter per layer."""
+        one scatter per layer. With head_slice (j, k) the rows are a producer rank's blocks
+        (block_nbytes / k each) and fill the j-th of k head ranges."""
         for block_id in block_ids:
             self._check(block_id)
-        if tuple(rows.shape) != (len(block_ids), self.block_nbytes):
-            raise InvalidRequest(f"block rows of shape {tuple(rows.shape)}, expected ({len(block_ids)}, "
-                                 f"{self.block_nbytes})")
+        part, num_slices = head_slice
+        row_nbytes = self._slice_nbytes(num_slices)
+        if tuple(rows.shape) != (len(block_ids), row_nbytes):
+            raise InvalidRequest(f"block rows of shape {tuple(rows.shape)}, expected ({len(block_ids)}, {row_nbytes})")
         if not block_ids:
             return
         offset = 0
         for layer in self._layers:
             index = torch.tensor(block_ids, dtype=torch.long, device=layer.tensor.device)
-            block_shape = layer.tensor.select(layer.block_dim, 0).shape
-            src = rows[:, offset:offset + layer.block_nbytes].contiguous().view(layer.tensor.dtype)
+            target = layer.tensor
+            if num_slices > 1:
+                head_dim = layer.block_dim + 1  # (blocks, heads, ...) or (2, blocks, heads, ...)
+                num_heads = target.shape[head_dim] // num_slices
+                target = target.narrow(head_dim, part * num_heads, num_heads)  # a view: writes land in the cache
+            block_shape = target.select(layer.block_dim, 0).shape
+            nbytes = layer.block_nbytes // num_slices
+            src = rows[:, offset:offset + nbytes].contiguous().view(layer.tensor.dtype)
             src = src.view(len(block_ids), *block_shape).to(layer.tensor.device)
             if layer.block_dim != 0:
                 src = src.movedim(0, layer.block_dim)
-            layer.tensor.index_copy_(layer.block_dim, index, src)
-            offset += layer.block_nbytes
+            target.index_copy_(layer.block_dim, index, src)
+            offset += nbytes
+
+    def _slice_nbytes(self, num_slices: int) -> int:
+        """Bytes of a block from a producer rank holding 1/num_slices of the heads."""
+        if num_slices > 1 and not self.heads_outer:
+            raise InvalidRequest("this KV cache's blocks are not head-major: it cannot take a share of the heads")
+        return self.block_nbytes // num_slices
 
     # ---- in place, for the registered-memory transports ----
     def regions(self) -> list[LayerRegion]:
@@ -109,9 +143,21 @@ class PagedKVCache:
         """Blocks can be read and written where they are (host memory, contiguous pieces)."""
         return self.device == "cpu" and all(_pieces_contiguous(layer.tensor, layer.block_dim) for layer in self._layers)
 
-    def views(self) -> list[np.ndarray]:
+    def views(self, regions: list[LayerRegion] | None = None) -> list[np.ndarray]:
         """Per layer, a flat uint8 view of its region (host memory only): no copy."""
-        return [_bytes_at(region.base, region.nbytes) for region in self.regions()]
+        return [_bytes_at(region.base, region.nbytes) for region in regions or self.regions()]
+
+    def slice_regions(self, head_slice: tuple[int, int]) -> list[LayerRegion]:
+        """regions(), narrowed to the j-th of k head ranges of each piece (head_slice (j, k)): where a
+        producer rank with 1/k of the heads has its blocks land."""
+        part, num_slices = head_slice
+        self._slice_nbytes(num_slices)
+        regions = []
+        for region in self.regions():
+            nbytes = region.part_nbytes // num_slices
+            regions.append(replace(region, base=region.base + part * nbytes, nbytes=region.nbytes - part * nbytes,
+                                   part_nbytes=nbytes))
+        return regions
 
     def read_bytes(self, block_ids: list[int]) -> bytes:
         """read_blocks' rows as one bytes object, joined straight from the cache where it can be (one
@@ -149,6 +195,7 @@ class PagedKVCache:
             data_offset = path.stat().st_size - size  # torch keeps a refcount header before the data
             region = _region_of(layer.tensor, layer.block_dim, self.num_blocks)
             regions.append(replace(region, base=data_offset + region.base - storage.data_ptr(), shm_path=str(path)))
+        segments.record(region.shm_path for region in regions)  # swept if this process dies uncleanly
         return regions
 
     def _check(self, block_id: int) -> None:
@@ -162,6 +209,12 @@ class PagedKVCache:
             raise ValueError(f"layer {name}: no dimension of {tuple(tensor.shape)} is num_blocks={num_blocks}")
         block = tensor.select(block_dim, 0)
         return _LayerView(name, tensor, block_dim, block.numel() * tensor.element_size())
+
+
+def _piece_shape(layer: _LayerView) -> tuple[int, ...]:
+    """The shape of one block's piece of a layer (K or V when they are apart, else the whole block)."""
+    block = tuple(layer.tensor.select(layer.block_dim, 0).shape)
+    return block if layer.block_dim == 0 else block[1:]
 
 
 def _pieces_contiguous(tensor: torch.Tensor, block_dim: int) -> bool:

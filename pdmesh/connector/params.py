@@ -39,24 +39,27 @@ class KVHandle:
     kv_address: str
     block_ids: tuple[int, ...]   # the producer's block ids, in token order
     num_tokens: int              # prompt tokens the blocks hold
+    tp_size: int = 1             # the producer's tensor-parallel ranks: rank r serves on kv_address's port + r
 
     def to_params(self) -> dict[str, Any]:
         return {"transfer_id": self.transfer_id, "kv_address": self.kv_address,
-                "block_ids": list(self.block_ids), "num_tokens": self.num_tokens}
+                "block_ids": list(self.block_ids), "num_tokens": self.num_tokens, "tp_size": self.tp_size}
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "KVHandle":
         fields = params[KV_HANDLE]
         return cls(str(fields["transfer_id"]), str(fields["kv_address"]), tuple(int(b) for b in fields["block_ids"]),
-                   int(fields["num_tokens"]))
+                   int(fields["num_tokens"]), max(1, int(fields.get("tp_size", 1))))
 
     def to_proto(self, compat: common_pb2.CompatInfo) -> common_pb2.KVHandle:
         return common_pb2.KVHandle(transfer_id=self.transfer_id, kv_address=self.kv_address,
-                                   block_ids=self.block_ids, num_tokens=self.num_tokens, compat=compat)
+                                   block_ids=self.block_ids, num_tokens=self.num_tokens, compat=compat,
+                                   tp_size=self.tp_size)
 
     @classmethod
     def from_proto(cls, message: common_pb2.KVHandle) -> "KVHandle":
-        return cls(message.transfer_id, message.kv_address, tuple(message.block_ids), message.num_tokens)
+        return cls(message.transfer_id, message.kv_address, tuple(message.block_ids), message.num_tokens,
+                   max(1, message.tp_size))
 
 
 def decode_params(request_id: str, handle: common_pb2.KVHandle | None,

@@ -36,9 +36,10 @@ def _salt(request: "Request") -> bytes:
 
 class ConnectorScheduler:
     def __init__(self, block_size: int, kv_address: str, store_lookup: AsyncStoreLookup | None = None,
-                 max_stats: int = 10_000) -> None:
+                 max_stats: int = 10_000, tp_size: int = 1) -> None:
         self._block_size = block_size
         self._kv_address = kv_address
+        self._tp_size = tp_size  # this engine's tensor-parallel ranks (a producer's handles say it)
         self._store = store_lookup
         self._store_plans: dict[str, list[str]] = {}  # request id: node of each cached block
         self._store_loaded: set[str] = set()          # request ids that loaded from the store
@@ -130,6 +131,7 @@ class ConnectorScheduler:
             num_local_tokens=num_local_tokens,
             extra_key=_salt(request),
             trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
+            producer_tp_size=handle.tp_size,
         ))
 
     # ---- both: per-request stats from the worker side ----
@@ -170,7 +172,8 @@ class ConnectorScheduler:
                                     pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
                                     trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
                                     engine_request_id=request.request_id))
-        handle = kvp.handle_params(kvp.KVHandle(transfer_id, self._kv_address, tuple(block_ids), num_tokens))
+        handle = kvp.handle_params(kvp.KVHandle(transfer_id, self._kv_address, tuple(block_ids), num_tokens,
+                                                self._tp_size))
         handle[kvp.LOADED_FROM_STORE] = loaded_from_store
         if stats is not None:
             handle[kvp.REQUEST_STATS] = stats
@@ -200,4 +203,4 @@ class ConnectorScheduler:
             request_id=request.request_id,
             pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
             transfer_id=handle.transfer_id, kv_address=handle.kv_address,
-            block_indexes=[], local_block_ids=[], token_ids=[], report_done=False)
+            block_indexes=[], local_block_ids=[], token_ids=[], report_done=False, producer_tp_size=handle.tp_size)

@@ -24,15 +24,15 @@ import torch
 from opentelemetry import context
 
 from kvstore.block_hash import chain_block_hashes
-from pdmesh.compat import fingerprint_seed, model_fingerprint
+from pdmesh.compat import fingerprint_seed, model_fingerprint, tp_ratio
 from pdmesh.connector.compute_rate import ComputeRate
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask, StoreLoadTask
-from pdmesh.connector.paged_kv import PagedKVCache
+from pdmesh.connector.paged_kv import WHOLE, PagedKVCache
 from pdmesh.connector.store_agent import StoreAgent
 from pdmesh.connector.store_saver import StoreSaver
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
-from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError
+from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, Incompatible, PDMeshError
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
 from pdmesh.transport.affinity import all_cores, widen_affinity
 from pdmesh.transport.grpc_kv_reader import GrpcKVReader
@@ -45,6 +45,7 @@ from pdmesh.transport.mooncake.engine import MooncakeEngine, mooncake_available,
 from pdmesh.transport.mooncake.exporter import MooncakeKVExporter
 from pdmesh.transport.mooncake.reader import MooncakeKVReader
 from pdmesh.transport.shm.exporter import ShmKVExporter
+from pdmesh.transport.shm import segments
 from pdmesh.transport.shm.reader import ShmKVReader
 from pdmesh.v1 import common_pb2
 
@@ -55,15 +56,18 @@ class ConnectorWorker:
     def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
                  hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
                  store: StoreSettings | None = None, kv_advertise_host: str | None = None,
-                 transport: KVTransportSettings | None = None, tp_rank: int = 0) -> None:
+                 transport: KVTransportSettings | None = None, tp_rank: int = 0, tp_size: int = 1,
+                 num_kv_heads: int = 0) -> None:
         role = "prefill" if is_producer else "decode"
         self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
         self._block_size = block_size
         self._is_producer = is_producer
-        # Each tensor-parallel rank serves its own KV on kv_port + rank, and reads from the producer's
-        # same rank (the handle names rank 0's port): no two ranks share a port.
-        self._tp_rank = tp_rank
+        # Each tensor-parallel rank serves its own KV on kv_port + rank (the handle names rank 0's port):
+        # no two ranks share a port. A consumer rank reads the producer ranks holding its heads: the
+        # same rank when both have as many ranks; k ranks' head shares when the producer has k times as many.
+        self._tp_rank, self._tp_size = tp_rank, tp_size
+        self._num_kv_heads = num_kv_heads
         self._kv_host, self._kv_port = kv_host, kv_port + tp_rank if kv_port else 0
         self._kv_advertise_host = kv_advertise_host or kv_host
         self._transport = transport or KVTransportSettings()
@@ -87,7 +91,7 @@ class ConnectorWorker:
         self._servicer: KVTransferServicer | None = None
         self._exporters: list = []
         self._store_exporters: list = []
-        self._links: KVLinks | None = None
+        self._links: dict[tuple[int, int], KVLinks] = {}  # by head slice (j, k) of the local cache they fill
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
         # Producer: checksums of newly held blocks for the registered-memory transports, off the engine thread.
         self._checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-sum",
@@ -99,16 +103,17 @@ class ConnectorWorker:
             self._register(kv_caches, num_blocks)
 
     def _register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
-        self._paged = PagedKVCache(kv_caches, num_blocks)
+        segments.sweep()  # the shared memory of pdmesh processes that died on this host
+        self._paged = PagedKVCache(kv_caches, num_blocks, self._num_kv_heads, self._block_size)
         self.compat = common_pb2.CompatInfo(
             model_fingerprint=model_fingerprint(self._model, self._paged.dtype, self._block_size),
             dtype=self._paged.dtype, block_size=self._block_size, layout=self._paged.layout,
-            num_layers=self._paged.num_layers, block_nbytes=self._paged.block_nbytes)
+            num_layers=self._paged.num_layers, block_nbytes=self._paged.block_nbytes, tp_size=self._tp_size,
+            num_kv_heads=self._num_kv_heads, heads_outer=self._paged.heads_outer)
         if self._is_producer:
             self._serve()
         else:
-            control = GrpcKVReceiver(self.compat, self._pull_timeout_s, self._transport.auth)
-            self._links = KVLinks(control, self._readers(control))
+            self._links_for(WHOLE)
 
     def _serve(self) -> None:
         auth = self._transport.auth
@@ -163,16 +168,30 @@ class ConnectorWorker:
                                                 registered=[exports.registered_region()]))
         return exporters
 
-    def _readers(self, control: GrpcKVReceiver) -> list:
-        """The transports this consumer reads with, in order of preference."""
+    def _links_for(self, head_slice: tuple[int, int]) -> KVLinks:
+        """This consumer's links to producers whose blocks fill `head_slice` of its cache."""
+        with self._lock:
+            links = self._links.get(head_slice)
+            if links is None:
+                control = GrpcKVReceiver(self.compat, self._pull_timeout_s, self._transport.auth)
+                links = self._links[head_slice] = KVLinks(control, self._readers(control, head_slice))
+            return links
+
+    def _readers(self, control: GrpcKVReceiver, head_slice: tuple[int, int] = WHOLE) -> list:
+        """The transports this consumer reads with, in order of preference, landing blocks in
+        `head_slice` of each piece (WHOLE: the whole block)."""
         paged = self._paged
         readers = []
+        if paged.in_place and (self._transport.allows(SHM) or self._transport.allows(MOONCAKE)):
+            regions = paged.slice_regions(head_slice) if head_slice != WHOLE else paged.regions()
+            views = paged.views(regions)
         if paged.in_place and self._transport.allows(SHM):
-            readers.append(ShmKVReader(control, paged.regions(), paged.views()))
+            readers.append(ShmKVReader(control, regions, views))
         if paged.in_place and self._transport.allows(MOONCAKE) and mooncake_available():
-            readers.append(MooncakeKVReader(self._mooncake_engine(), control, paged.regions(), paged.views()))
+            readers.append(MooncakeKVReader(self._mooncake_engine(), control, regions, views))
         if self._transport.allows(GRPC):
-            readers.append(GrpcKVReader(control, lambda ids, rows: paged.write_blocks(ids, torch.from_numpy(rows))))
+            readers.append(GrpcKVReader(control, lambda ids, rows: paged.write_blocks(ids, torch.from_numpy(rows),
+                                                                                      head_slice)))
         if not readers:
             raise RuntimeError(f"kv_transport={self._transport.kv_transport} is not available in this process")
         return readers
@@ -238,8 +257,8 @@ class ConnectorWorker:
             self._server.stop(grace_s=0.5)
         if self.store is not None:
             self.store.close()
-        if self._links is not None:
-            self._links.close()
+        for links in self._links.values():
+            links.close()
         for exporter in self._exporters + self._store_exporters:
             exporter.close()
         shutdown_tracing(self._tracer_provider)
@@ -297,8 +316,6 @@ class ConnectorWorker:
                 transport = self._pull_into_cache(task, stats)
         except Exception as exc:  # noqa: BLE001 - a failed pull becomes recompute, never a crash
             result = "mismatch" if isinstance(exc, (ChecksumMismatch, BlockHashMismatch)) else "error"
-            if result == "error":
-                self._links.forget(self._peer(task))  # the producer may be gone: handshake again next time
             span.record_exception(exc)
             logger.warning("request %s: KV pull failed (%s); blocks will be recomputed", task.request_id, exc)
         stats.transport = transport
@@ -307,7 +324,8 @@ class ConnectorWorker:
         stats.num_local_tokens = task.num_local_tokens
         stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
         span.set_attributes({
-            "pdmesh.kv.transport": transport, "pdmesh.kv.peer": self._peer(task), "pdmesh.kv.checksum": result,
+            "pdmesh.kv.transport": transport, "pdmesh.kv.checksum": result,
+            "pdmesh.kv.peer": ",".join(address for address, _ in self._sources(task)),
             "pdmesh.kv.blocks": stats.num_blocks, "pdmesh.kv.failed_blocks": stats.num_failed_blocks,
             "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,
             "pdmesh.kv.first_block_s": stats.first_block_seconds,
@@ -316,27 +334,42 @@ class ConnectorWorker:
         return stats
 
     def _pull_into_cache(self, task: RecvTask, stats: TransferStats) -> str:
-        """Reads the task's blocks through the transport agreed with its producer; counts into `stats`
-        as blocks land, so a failure part-way keeps the prefix that arrived. Returns the transport."""
+        """Reads the task's blocks from each producer rank holding its heads, through the transport
+        agreed with that rank; counts into `stats` as blocks land on every rank's share, so a failure
+        part-way keeps the prefix that arrived whole (the ranks after a failed one read only up to
+        it), then raises the first failure. Returns the transport."""
         expected = _LazyHashes(lambda: chain_block_hashes(fingerprint_seed(self.compat), task.token_ids,
                                                           self._block_size, task.extra_key, include_partial=True))
         started = time.perf_counter()
-        link = self._links.link(self._peer(task))
-        reader = self._links.reader(link)
-        for num_landed in reader.read_blocks(link, task.transfer_id, task.block_indexes, task.local_block_ids,
-                                             expected, self._read_options(task)):
-            if stats.num_blocks == 0:
-                stats.first_block_seconds = time.perf_counter() - started
-            stats.num_blocks = num_landed
-            stats.num_bytes = num_landed * self.compat.block_nbytes
-        return link.transport
+        num_whole, failure, transports = len(task.block_indexes), None, []
+        for address, head_slice in self._sources(task):
+            links = self._links_for(head_slice)
+            num_landed = 0
+            try:
+                link = links.link(address)
+                transports.append(link.transport)
+                for num_landed in links.reader(link).read_blocks(
+                        link, task.transfer_id, task.block_indexes[:num_whole], task.local_block_ids[:num_whole],
+                        expected, self._read_options(task)):
+                    if not stats.first_block_seconds:
+                        stats.first_block_seconds = time.perf_counter() - started
+            except Exception as exc:  # noqa: BLE001 - reported below, once the other ranks' shares are in
+                if not isinstance(exc, (ChecksumMismatch, BlockHashMismatch)):
+                    links.forget(address)  # the producer may be gone: handshake again next time
+                failure = failure or exc
+            num_whole = min(num_whole, num_landed)
+        stats.num_blocks = num_whole
+        stats.num_bytes = num_whole * self.compat.block_nbytes
+        if failure is not None:
+            raise failure
+        return "+".join(sorted(set(transports)))
 
-    def _peer(self, task: RecvTask) -> str:
-        """The producer's KV port of this rank."""
-        if not self._tp_rank:
-            return task.kv_address
-        host, port = task.kv_address.rsplit(":", 1)
-        return f"{host}:{int(port) + self._tp_rank}"
+    def _sources(self, task: RecvTask) -> list[tuple[str, tuple[int, int]]]:
+        """(KV port, head slice of the local cache it fills) of each producer rank this rank reads:
+        its peer rank when both sides have as many ranks, else the k ranks holding its heads."""
+        ratio = tp_ratio(task.producer_tp_size, self._tp_size)
+        first = self._tp_rank * ratio
+        return [(_rank_address(task.kv_address, first + j), (j, ratio) if ratio > 1 else WHOLE) for j in range(ratio)]
 
     def _read_options(self, task: RecvTask) -> ReadOptions:
         faults = self._transport.kv_faults
@@ -348,11 +381,20 @@ class ConnectorWorker:
                            stall_s=faults.stall_s if stall else 0.0)
 
     def _release(self, task: RecvTask) -> None:
+        """Frees the transfer on every producer rank this rank read (each holds its own pin); when
+        it could read none, on its share of the producer's ranks."""
         try:
-            self._links.control.release(self._peer(task), task.transfer_id)
-        except PDMeshError as exc:
-            logger.warning("transfer %s: release failed (%s); producer frees it at its deadline",
-                           task.transfer_id, exc)
+            addresses = [address for address, _ in self._sources(task)]
+        except Incompatible:
+            addresses = [_rank_address(task.kv_address, rank) for rank in range(task.producer_tp_size)
+                         if rank % self._tp_size == self._tp_rank]
+        control = self._links_for(WHOLE).control
+        for address in addresses:
+            try:
+                control.release(address, task.transfer_id)
+            except PDMeshError as exc:
+                logger.warning("transfer %s: release failed (%s); producer frees it at its deadline",
+                               task.transfer_id, exc)
 
 
 class _LazyHashes:
@@ -366,6 +408,12 @@ class _LazyHashes:
         if self._hashes is None:
             self._hashes = self._compute()
         return self._hashes[index]
+
+
+def _rank_address(address: str, rank: int) -> str:
+    """The KV port of a producer's rank (rank 0's port + rank)."""
+    host, port = address.rsplit(":", 1)
+    return f"{host}:{int(port) + rank}"
 
 
 def _overwrite(buffer) -> None:

@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import server_interceptor
 
-from pdmesh.compat import check_compatible
+from pdmesh.compat import check_compatible, check_readable
 from pdmesh.errors import Incompatible, InvalidRequest, PDMeshError
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
@@ -82,7 +82,8 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
 
     def Handshake(self, request, context):
         try:
-            check_compatible(self._compat, request.compat)
+            # a decode with fewer tensor-parallel ranks reads this rank's heads; a store peer is alike
+            (check_compatible if request.store else check_readable)(self._compat, request.compat)
             return self._choose(request)
         except PDMeshError as exc:
             self._abort(context, exc)
@@ -171,9 +172,9 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
 
     def _open_transfer(self, request) -> tuple[HeldTransfer, bool]:
         """(the transfer, whether it is a KV store export)."""
-        check_compatible(self._compat, request.compat)
         transfer = self._store.find(request.transfer_id) if self._store is not None else None
         exported = transfer is not None
+        (check_compatible if exported else check_readable)(self._compat, request.compat)
         if transfer is None:
             transfer = self._held.wait_for(request.transfer_id, self._wait_timeout_s)
         num_blocks = len(transfer.block_ids)

@@ -47,31 +47,39 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class CompatInfo(_message.Message):
-    __slots__ = ("model_fingerprint", "dtype", "block_size", "layout", "num_layers", "block_nbytes")
+    __slots__ = ("model_fingerprint", "dtype", "block_size", "layout", "num_layers", "block_nbytes", "tp_size", "num_kv_heads", "heads_outer")
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_NBYTES_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_OUTER_FIELD_NUMBER: _ClassVar[int]
     model_fingerprint: str
     dtype: str
     block_size: int
     layout: str
     num_layers: int
     block_nbytes: int
-    def __init__(self, model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., layout: _Optional[str] = ..., num_layers: _Optional[int] = ..., block_nbytes: _Optional[int] = ...) -> None: ...
+    tp_size: int
+    num_kv_heads: int
+    heads_outer: bool
+    def __init__(self, model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., layout: _Optional[str] = ..., num_layers: _Optional[int] = ..., block_nbytes: _Optional[int] = ..., tp_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., heads_outer: _Optional[bool] = ...) -> None: ...
 
 class KVHandle(_message.Message):
-    __slots__ = ("transfer_id", "kv_address", "block_ids", "num_tokens", "compat")
+    __slots__ = ("transfer_id", "kv_address", "block_ids", "num_tokens", "compat", "tp_size")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     KV_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPAT_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     kv_address: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_tokens: int
     compat: CompatInfo
-    def __init__(self, transfer_id: _Optional[str] = ..., kv_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., compat: _Optional[_Union[CompatInfo, _Mapping]] = ...) -> None: ...
+    tp_size: int
+    def __init__(self, transfer_id: _Optional[str] = ..., kv_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., compat: _Optional[_Union[CompatInfo, _Mapping]] = ..., tp_size: _Optional[int] = ...) -> None: ...

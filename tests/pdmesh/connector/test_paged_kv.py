@@ -25,10 +25,38 @@ def test_block_bytes_move_between_caches_exactly(split_kv):
         assert torch.count_nonzero(dst[name].index_select(block_dim, torch.tensor(untouched))) == 0
 
 
-def test_layout_names_dtype_block_dim_and_shape():
+def test_layout_names_dtype_block_dim_and_a_blocks_shape_whatever_the_number_of_blocks():
     cache = PagedKVCache(_caches(False), NUM_BLOCKS)
-    assert (cache.dtype, cache.num_layers) == ("float32", 3)
-    assert cache.layout == "block_dim=0;shape=(6, 2, 32, 128);device=cpu"
+    assert (cache.dtype, cache.num_layers, cache.heads_outer) == ("float32", 3, False)
+    assert cache.layout == "block_dim=0;block=(2, 32, 128);device=cpu"
+    bigger = PagedKVCache({"layer.0": torch.zeros(2 * NUM_BLOCKS, 2, 32, 128)}, 2 * NUM_BLOCKS)
+    assert bigger.layout == cache.layout  # a decode with more KV memory reads the same blocks
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_head_major_blocks_take_a_producer_ranks_share_of_the_heads(split_kv):
+    """(blocks, heads, block_size, 2 * head_size) as the CPU backend keeps it, or HND K/V apart:
+    heads are named in the layout (ranks hold shares), and rank j's rows fill head range j."""
+    caches = _caches(split_kv)
+    cache = PagedKVCache(caches, NUM_BLOCKS, num_kv_heads=2, block_size=32)
+    assert cache.heads_outer
+    assert cache.layout == ("block_dim=1;block=(2, 'heads', 32, 64);device=cpu" if split_kv
+                            else "block_dim=0;block=('heads', 32, 128);device=cpu")
+    shares = {name: t.narrow(2 if split_kv else 1, 1, 1).clone() for name, t in caches.items()}  # head 1 of each
+    rank = PagedKVCache(shares, NUM_BLOCKS, num_kv_heads=1, block_size=32)
+    rows = rank.read_blocks([3])
+    assert rows.shape == (1, cache.block_nbytes // 2)
+    before = {name: t.clone() for name, t in caches.items()}
+    cache.write_blocks([0], rows, head_slice=(1, 2))
+    block_dim = 1 if split_kv else 0
+    for name, t in caches.items():
+        head_dim = block_dim + 1
+        assert torch.equal(t.select(block_dim, 0).narrow(head_dim - 1, 1, 1),
+                           before[name].select(block_dim, 3).narrow(head_dim - 1, 1, 1))
+        assert torch.equal(t.select(block_dim, 0).narrow(head_dim - 1, 0, 1),
+                           before[name].select(block_dim, 0).narrow(head_dim - 1, 0, 1))  # head 0 untouched
+    with pytest.raises(InvalidRequest, match="not head-major"):
+        PagedKVCache(_caches(split_kv), NUM_BLOCKS).write_blocks([0], rows, head_slice=(1, 2))
 
 
 def test_bad_block_id_and_bad_payload_size_are_rejected():

@@ -1,0 +1,76 @@
+"""The shared-memory files this host's pdmesh processes create (a producer's KV cache moved into
+/dev/shm, a KV store's export slab), recorded per process so that those of a process that died
+without cleaning up (SIGKILL, the OOM killer, a killed process group that took torch's shm manager
+with it) are removed by the next pdmesh process to start: each is the size of a KV cache, held in
+host memory until someone unlinks it.
+
+Only files of processes in this PID namespace are swept (a process of another namespace sharing
+/dev/shm would look dead from here)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+SHM_DIR = Path("/dev/shm")
+_PREFIX = "pdmesh-owned-"
+_lock = threading.Lock()
+
+
+def record(paths: Iterable[Path | str]) -> None:
+    """Notes shared files this process created. A process that exits cleanly unlinks them itself;
+    its list stays (a few bytes) until a sweep finds the process gone."""
+    lines = "".join(f"{path}\n" for path in paths)
+    with _lock, open(_own_list(), "a") as file:
+        if file.tell() == 0:
+            file.write(f"ns {_pid_namespace()}\n")
+        file.write(lines)
+
+
+def sweep(shm_dir: Path = SHM_DIR) -> int:
+    """Removes the recorded files of processes of this PID namespace that are gone; how many."""
+    removed = 0
+    for owner_list in shm_dir.glob(f"{_PREFIX}*"):
+        pid = owner_list.name.removeprefix(_PREFIX)
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            header, *paths = owner_list.read_text().splitlines()
+        except (OSError, ValueError):
+            continue
+        if header != f"ns {_pid_namespace()}":
+            continue
+        for path in paths:
+            target = Path(path)
+            if target.parent == shm_dir and target.exists():
+                target.unlink(missing_ok=True)
+                removed += 1
+        owner_list.unlink(missing_ok=True)
+    if removed:
+        logger.warning("removed %d shared-memory files left by pdmesh processes that died", removed)
+    return removed
+
+
+def _own_list() -> Path:
+    return SHM_DIR / f"{_PREFIX}{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
