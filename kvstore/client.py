@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -39,12 +39,21 @@ class GrpcStoreClient:
     def export(self, address: str, keys: Sequence[BlockKey]) -> tuple[str, int]:
         """(transfer id, number of leading blocks exported): the node holds them for a KV read
         (pdmesh/transport/kv_transport.py) until released on its KV port."""
+        return self.export_soon(address, keys)()
+
+    def export_soon(self, address: str, keys: Sequence[BlockKey]) -> Callable[[], tuple[str, int]]:
+        """Sends the Export; the returned call waits for its answer (a read can run meanwhile)."""
         request = kv_store_pb2.ExportRequest(compat=self._compat, blocks=[ref_of(key) for key in keys])
-        try:
-            response = self._stub(address).Export(request, timeout=self._timeout_s, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise error_from_rpc_error(exc) from exc
-        return response.transfer_id, response.num_blocks
+        future = self._stub(address).Export.future(request, timeout=self._timeout_s, metadata=self._metadata)
+
+        def answer() -> tuple[str, int]:
+            try:
+                response = future.result()
+            except grpc.RpcError as exc:
+                raise error_from_rpc_error(exc) from exc
+            return response.transfer_id, response.num_blocks
+
+        return answer
 
     def close(self) -> None:
         self._channels.close()

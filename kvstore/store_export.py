@@ -1,7 +1,8 @@
 """A node's KV store blocks handed to another node as a KV transfer.
 
-`export` copies the leading held blocks (verified, from whichever tier holds them, with the store's
-one batched read per tier) into an export slab in shared memory and holds them there under an
+`export` reads the leading held blocks (verified, from whichever tier holds them, with the store's
+one batched read per tier) and copies them into an export slab in shared memory, laid out like a KV
+cache (layer by layer, so runs of slots move as one copy), and holds them there under an
 unguessable transfer id, until the reader releases it or the hold times out. The reader reads them
 like a prefill's KV (pdmesh/transport/kv_transport.py): shared memory maps the slab, Mooncake reads
 it registered, gRPC streams its rows. The store's own blocks are never pinned by a remote reader.
@@ -24,7 +25,7 @@ from kvstore.block_store import TieredBlockStore
 from kvstore.shared_slab import SharedSlab
 from pdmesh.errors import Overloaded
 from pdmesh.transport.held_transfers import HeldTransfer
-from pdmesh.transport.kv_layout import LayerRegion, row_checksums, rows_regions
+from pdmesh.transport.kv_layout import LayerRegion, row_checksums, slab_regions
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +48,29 @@ class StoreExports:
         self._lock = threading.Lock()
         self._free = np.ones(self.num_slots, dtype=bool)
         self._held: dict[str, HeldTransfer] = {}
+        self._buffers = threading.local()  # each server thread's wire rows, reused
         self.num_expired = 0
+        flat = self._slab.rows.reshape(-1)
+        # (offset of the piece in a block's wire bytes, the slab's (num_slots, part_nbytes) view of it)
+        self._pieces_views: list[tuple[int, np.ndarray]] = []
+        wire_offset = 0
+        for region in self.regions():
+            start = region.base - self._slab.address
+            for part in range(region.num_parts):
+                at = start + part * region.part_stride
+                view = flat[at:at + self.num_slots * region.part_nbytes].reshape(self.num_slots, region.part_nbytes)
+                self._pieces_views.append((wire_offset, view))
+                wire_offset += region.part_nbytes
 
     def regions(self) -> list[LayerRegion]:
         """The slab, by address in this process (Mooncake)."""
-        return rows_regions(self._slab.address, self.num_slots, self._pieces)
+        return slab_regions(self._slab.address, self.num_slots, self._pieces)
 
     def shared_regions(self) -> list[LayerRegion] | None:
         """The slab, by offset in its shared file (None: not in shared memory)."""
         if self._slab.path is None:
             return None
-        return rows_regions(0, self.num_slots, self._pieces, shm_path=str(self._slab.path))
+        return slab_regions(0, self.num_slots, self._pieces, shm_path=str(self._slab.path))
 
     def registered_region(self) -> LayerRegion:
         """The whole slab as one region (what Mooncake registers)."""
@@ -72,16 +85,17 @@ class StoreExports:
             return Exported(None, [])
         slots = self._allocate(len(keys))
         try:
-            num_held, tiers = self._copy_in(keys, slots)
+            rows, tiers = self._copy_in(keys, slots)
         except BaseException:
             self._free_slots(slots)
             raise
+        num_held = len(tiers)
         self._free_slots(slots[num_held:])
         if not num_held:
             return Exported(None, [])
         kept = slots[:num_held]
         checksums: Future = Future()
-        checksums.set_result(row_checksums(self._slab.rows[kept], self.regions()))
+        checksums.set_result(row_checksums(rows, self.regions()))
         transfer = HeldTransfer(secrets.token_urlsafe(18), tuple(kept), tuple(k.block_hash for k in keys[:num_held]),
                                 deadline=time.monotonic() + self._hold_s, checksums=checksums)
         with self._lock:
@@ -94,8 +108,11 @@ class StoreExports:
             return self._held.get(transfer_id)
 
     def read_rows(self, slots: list[int]) -> np.ndarray:
-        """The exported blocks' wire rows ((n, block_nbytes) uint8)."""
-        return self._slab.rows[slots]
+        """The exported blocks' wire rows ((n, block_nbytes) uint8), gathered from the slab."""
+        rows = np.empty((len(slots), self._store.block_nbytes), dtype=np.uint8)
+        for wire_offset, view in self._pieces_views:
+            rows[:, wire_offset:wire_offset + view.shape[1]] = view[slots]
+        return rows
 
     def release(self, transfer_id: str) -> bool:
         with self._lock:
@@ -114,15 +131,26 @@ class StoreExports:
     def close(self) -> None:
         self._slab.close()
 
-    def _copy_in(self, keys: Sequence[BlockKey], slots: list[int]) -> tuple[int, list[str]]:
-        """Reads the keys' leading held blocks into `slots`; (how many, their tiers)."""
-        contiguous = slots[-1] - slots[0] + 1 == len(slots)
-        if contiguous:  # the store's reads land in the slab itself
-            rows, tiers = self._store.read_prefix(keys, self._slab.rows[slots[0]:slots[-1] + 1])
-        else:
-            rows, tiers = self._store.read_prefix(keys)
-            self._slab.rows[slots[:len(tiers)]] = rows
-        return len(tiers), tiers
+    def _copy_in(self, keys: Sequence[BlockKey], slots: list[int]) -> tuple[np.ndarray, list[str]]:
+        """Reads the keys' leading held blocks and copies their pieces into `slots`; (their wire
+        rows, their tiers)."""
+        rows, tiers = self._store.read_prefix(keys, self._buffer(len(keys)))
+        kept = slots[:len(tiers)]
+        contiguous = bool(kept) and kept[-1] - kept[0] + 1 == len(kept)
+        for wire_offset, view in self._pieces_views:
+            pieces = rows[:, wire_offset:wire_offset + view.shape[1]]
+            if contiguous:
+                view[kept[0]:kept[-1] + 1] = pieces
+            else:
+                view[kept] = pieces
+        return rows, tiers
+
+    def _buffer(self, num_blocks: int) -> np.ndarray:
+        """This thread's wire-row buffer, grown as needed (fresh pages would fault in every export)."""
+        buffer = getattr(self._buffers, "rows", None)
+        if buffer is None or len(buffer) < num_blocks:
+            buffer = self._buffers.rows = np.empty((num_blocks, self._store.block_nbytes), dtype=np.uint8)
+        return buffer
 
     def _allocate(self, num_blocks: int) -> list[int]:
         """Free slots for num_blocks, a contiguous run where there is one."""

@@ -44,10 +44,13 @@ def check_compatible(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo)
 def check_readable(producer: common_pb2.CompatInfo, consumer: common_pb2.CompatInfo) -> None:
     """A consumer can read the producer's blocks: compatible, or with fewer tensor-parallel ranks
     (tp_ratio) whose caches hold each producer rank's heads as a run of bytes per piece."""
+    roles = ("prefill", "decode")
     if tp_size(producer) == tp_size(consumer):
-        check_compatible(producer, consumer)
+        diffs = _diffs(producer, consumer, _SHARED_FIELDS + _RANK_FIELDS, roles)
+        if diffs:
+            raise Incompatible("KV layout mismatch between prefill and decode: " + "; ".join(diffs))
         return
-    diffs = _diffs(producer, consumer, _SHARED_FIELDS)
+    diffs = _diffs(producer, consumer, _SHARED_FIELDS, roles)
     ratio = tp_size(producer) // tp_size(consumer)
     heads_fit = (consumer.num_kv_heads == ratio * producer.num_kv_heads
                  and consumer.block_nbytes == ratio * producer.block_nbytes)
@@ -73,6 +76,7 @@ def tp_ratio(producer_tp_size: int, consumer_tp_size: int) -> int:
     return producer_tp_size // consumer_tp_size
 
 
-def _diffs(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo, names) -> list[str]:
-    return [f"{name}: local={getattr(mine, name)!r} peer={getattr(theirs, name)!r}"
+def _diffs(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo, names,
+           labels: tuple[str, str] = ("local", "peer")) -> list[str]:
+    return [f"{name}: {labels[0]}={getattr(mine, name)!r} {labels[1]}={getattr(theirs, name)!r}"
             for name in names if getattr(mine, name) != getattr(theirs, name)]

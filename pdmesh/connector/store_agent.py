@@ -166,15 +166,20 @@ class StoreAgent:
         self._fetch_run(node, run, stats, deadline)
 
     def _fetch_run(self, node: str, run: list[tuple[BlockKey, int]], stats: StoreLoadStats, deadline: float) -> None:
-        """Loads a run of blocks `node` holds: it exports them a batch at a time, and each batch is
-        read straight into the paged cache (verified) by the transport agreed with it."""
+        """Loads a run of blocks `node` holds: it exports them a batch at a time (the next batch's
+        export is asked for while this one is read), and each batch is read straight into the
+        paged cache (verified) by the transport agreed with it."""
+        per_export = max(1, EXPORT_BATCH_NBYTES // self.store.block_nbytes)
+        batches = [run[start:start + per_export] for start in range(0, len(run), per_export)]
+        pending = None
         try:
             link = self._links.link(node)
             stats.transport = link.transport
-            per_export = max(1, EXPORT_BATCH_NBYTES // self.store.block_nbytes)
-            for start in range(0, len(run), per_export):
-                batch = run[start:start + per_export]
-                transfer_id, num_held = self._client.export(node, [key for key, _ in batch])
+            pending = self._client.export_soon(node, [key for key, _ in batches[0]])
+            for number, batch in enumerate(batches):
+                transfer_id, num_held = pending()
+                pending = (self._client.export_soon(node, [key for key, _ in batches[number + 1]])
+                           if number + 1 < len(batches) and num_held == len(batch) else None)
                 if num_held:
                     self._read_export(link, transfer_id, batch[:num_held], stats)
                 if num_held < len(batch):
@@ -184,6 +189,17 @@ class StoreAgent:
             if not isinstance(exc, (TransferNotFound, BlockHashMismatch, ChecksumMismatch)):
                 self._links.forget(node)  # the node may be gone: handshake again next time
             raise
+        finally:
+            if pending is not None:  # a batch exported ahead that will not be read: free it now
+                self._release_soon_exported(node, pending)
+
+    def _release_soon_exported(self, node: str, pending) -> None:
+        try:
+            transfer_id, num_held = pending()
+            if num_held:
+                self._links.control.release(node, transfer_id)
+        except PDMeshError as exc:
+            logger.debug("an export read ahead of a failed load was not released (%s); freed at its deadline", exc)
 
     def _read_export(self, link, transfer_id: str, batch: list[tuple[BlockKey, int]], stats: StoreLoadStats) -> None:
         reader = self._links.reader(link)

@@ -64,17 +64,16 @@ class Copy:
     part: int = 0
 
 
-def rows_regions(base: int, num_rows: int, pieces: Sequence[tuple[int, int]], shm_path: str = "") -> list[LayerRegion]:
-    """The regions of a slab of `num_rows` blocks in wire order (row r's bytes at base + r * block
-    bytes, its layers' pieces back to back), for layers of (num_parts, part_nbytes) `pieces`: how a
-    KV store's export slab is read like a KV cache."""
-    row_nbytes = sum(num_parts * part_nbytes for num_parts, part_nbytes in pieces)
+def slab_regions(base: int, num_slots: int, pieces: Sequence[tuple[int, int]], shm_path: str = "") -> list[LayerRegion]:
+    """The regions of a slab laid out like a KV cache with `num_slots` blocks, layer after layer
+    and, within a layer, part after part ((num_parts, part_nbytes) `pieces` per layer): consecutive
+    slots are back to back, so runs of them move as one copy. How a KV store's export slab is read."""
     regions, offset = [], 0
     for num_parts, part_nbytes in pieces:
-        regions.append(LayerRegion(base=base + offset, nbytes=(num_rows - 1) * row_nbytes + num_parts * part_nbytes,
-                                   block_stride=row_nbytes, part_stride=part_nbytes, num_parts=num_parts,
-                                   part_nbytes=part_nbytes, shm_path=shm_path))
-        offset += num_parts * part_nbytes
+        regions.append(LayerRegion(base=base + offset, nbytes=num_parts * num_slots * part_nbytes,
+                                   block_stride=part_nbytes, part_stride=num_slots * part_nbytes,
+                                   num_parts=num_parts, part_nbytes=part_nbytes, shm_path=shm_path))
+        offset += num_parts * num_slots * part_nbytes
     return regions
 
 

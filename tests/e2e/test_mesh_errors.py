@@ -63,7 +63,7 @@ async def test_decode_refuses_kv_from_an_incompatible_producer(cluster):
             async for _ in worker_pb2_grpc.DecodeStub(channel).Decode(request):
                 pass
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "block_size: local=32 peer=64" in error.value.details()
+    assert "block_size: prefill=64 decode=32" in error.value.details()
 
 
 async def test_lost_kv_is_recomputed_on_decode_and_output_stays_correct(cluster, reference):

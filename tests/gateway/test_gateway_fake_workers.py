@@ -91,7 +91,7 @@ async def test_mismatched_worker_layouts_fail_precondition(tiny_llama_dir):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await generate(address, make_request("hi", max_tokens=1))
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "block_size: local=32 peer=64" in info.value.details()
+        assert "block_size: prefill=32 decode=64" in info.value.details()
         assert prefill.requests == []
     finally:
         await gateway.stop(0)

@@ -238,3 +238,16 @@ def test_an_export_is_read_by_its_transfer_id_only_and_freed_at_its_deadline(pro
 
 def _keys(worker: ConnectorWorker):
     return block_keys(fingerprint_seed(worker.compat), TOKENS, BLOCK_SIZE)
+
+
+def test_a_remote_load_reads_batch_after_batch_and_frees_the_one_exported_ahead_when_cut(nodes, monkeypatch):
+    monkeypatch.setattr(store_agent, "EXPORT_BATCH_NBYTES", BLOCK_NBYTES)  # one block an export
+    a, b, _ = nodes
+    _save(a, [5, 2, 7])
+    assert _load(b, [a.store.index.node] * 2, [3, 4])["tokens_by_tier"] == {"remote": 64}
+    assert _same_block(b, 3, a, 5) and _same_block(b, 4, a, 2)
+    b.compute_rate = ComputeRate(initial_tokens_per_s=1e12)  # computing is free: cut after the first batch
+    b._store_settings.load_budget_min_s = 0.0
+    stats = _load(b, [a.store.index.node] * 2, [6, 1])
+    assert (stats["num_blocks"], stats["cut"]) == (1, True)
+    assert a.store.exports.num_held == 0  # the second block, exported ahead, was released

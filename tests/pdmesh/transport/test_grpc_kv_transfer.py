@@ -72,7 +72,7 @@ def test_mismatched_layout_fails_at_handshake_with_the_differing_fields(server):
     other.block_size = 64
     other.dtype = "bfloat16"
     receiver = GrpcKVReceiver(other)
-    with pytest.raises(Incompatible, match=r"dtype: local='float32' peer='bfloat16'; block_size: local=32 peer=64"):
+    with pytest.raises(Incompatible, match=r"dtype: prefill='float32' decode='bfloat16'; block_size: prefill=32 decode=64"):
         list(receiver.pull(server.address, "t1", [0]))
     receiver.close()
 

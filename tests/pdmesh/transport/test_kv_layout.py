@@ -4,7 +4,7 @@ import numpy as np
 import xxhash
 
 from pdmesh.transport.kv_layout import (Copy, LayerRegion, block_checksums, contiguous_runs, copy_plan, row_checksums,
-                                        rows_regions)
+                                        slab_regions)
 
 
 def _region(num_blocks: int, num_parts: int = 1, part_nbytes: int = 8) -> LayerRegion:
@@ -42,18 +42,17 @@ def test_checksums_in_place_equal_the_gathered_rows_checksums_and_hash_every_pie
     assert flipped[0] != want[0] and flipped[1] == want[1]
 
 
-def test_a_slab_of_wire_rows_reads_like_a_cache_and_its_rows_checksum_alike():
-    """A KV store's export slab: row r holds block r's pieces in wire order; its regions address
-    them, and blocks copied out of it land where a cache keeps them."""
+def test_a_store_export_slab_reads_like_a_cache_with_runs_of_slots_as_one_copy():
+    """A KV store's export slab: layer after layer, part after part, slot after slot; blocks copied
+    out of it land where a cache keeps them, and consecutive slots move as one copy per piece."""
     rng = np.random.default_rng(1)
     cache = [_region(4, num_parts=2), _region(4)]
-    slab = rng.integers(0, 256, (3, 24), dtype=np.uint8)  # 3 rows of 2 + 1 pieces of 8 bytes
-    regions = rows_regions(0, 3, [(2, 8), (1, 8)])
-    assert [(r.base, r.block_stride, r.part_stride, r.nbytes) for r in regions] == [(0, 24, 8, 64), (16, 24, 8, 56)]
+    regions = slab_regions(0, 3, [(2, 8), (1, 8)])
+    assert [(r.base, r.nbytes, r.block_stride, r.part_stride) for r in regions] == [(0, 48, 8, 24), (48, 24, 8, 24)]
+    slab = rng.integers(0, 256, 72, dtype=np.uint8)
     views = [np.zeros(r.nbytes, dtype=np.uint8) for r in cache]
-    flat = slab.reshape(-1)
     for copy in copy_plan(regions, cache, [2, 0], [1, 3]):
-        views[copy.layer][copy.dst:copy.dst + copy.nbytes] = flat[regions[copy.layer].base + copy.src:][:copy.nbytes]
-    assert block_checksums(views, cache, [1, 3]) == row_checksums(slab[[2, 0]], cache)
-    assert block_checksums([flat[r.base:r.base + r.nbytes] for r in regions], regions, [2, 0]) == row_checksums(
-        slab[[2, 0]], cache)
+        views[copy.layer][copy.dst:copy.dst + copy.nbytes] = slab[regions[copy.layer].base + copy.src:][:copy.nbytes]
+    slab_views = [slab[r.base:r.base + r.nbytes] for r in regions]
+    assert block_checksums(views, cache, [1, 3]) == block_checksums(slab_views, regions, [2, 0])
+    assert len(copy_plan(regions, cache, [0, 1], [1, 2])) == 3  # one per layer and part
