@@ -19,8 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import REPORT_DIR, memcpy_gbps
+from bench.peer_process import peer_process, serve_until_released
 
 BLOCK_SIZE = 32
 LAYER_SHAPE = (2, BLOCK_SIZE, 128)  # per block: K/V, tokens, heads * head_dim (float32)
@@ -70,11 +69,8 @@ def serve(spec_path: Path) -> None:
     worker.start_tasks(PDMeshConnectorMetadata(sends=sends))
     engine = worker._exporters[-1]._engine if worker._exporters else None
     regions = worker._paged.regions()
-    Path(spec["ready"]).write_text(json.dumps({
-        "address": worker._server.address, "session": engine.session if engine else "",
-        "bases": [r.base for r in regions]}))
-    while os.getppid() != 1 and Path(spec["ready"]).exists():
-        time.sleep(0.2)
+    serve_until_released(spec, {"address": worker._server.address, "session": engine.session if engine else "",
+                                "bases": [r.base for r in regions]})
     worker.shutdown()
 
 
@@ -128,24 +124,9 @@ def run(args) -> dict:
                 plan[(transport, f"h{num_blocks}-{mode}")] = items
                 salt += len(items)
     transfers = [item for items in plan.values() for item in items]
-    ready = work / "ready.json"
-    spec = work / "spec.json"
-    spec.write_text(json.dumps({"model_dir": str(work), "num_blocks": max_blocks, "transfers": transfers,
-                                "ready": str(ready)}))
-    producer = subprocess.Popen([sys.executable, "-m", "bench.bench_kv_transport", "--serve", str(spec)])
-    try:
-        deadline = time.monotonic() + 300
-        while not ready.exists():
-            if producer.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the producer process did not start")
-            time.sleep(0.2)
-        time.sleep(0.2)
-        served = json.loads(ready.read_text())
-        os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
+    spec = {"model_dir": str(work), "num_blocks": max_blocks, "transfers": transfers}
+    with peer_process("bench.bench_kv_transport", spec, work) as served:
         return _measure(args, sizes, plan, served, work, max_blocks)
-    finally:
-        ready.unlink(missing_ok=True)
-        producer.wait(timeout=30)
 
 
 def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:

@@ -19,13 +19,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import REPORT_DIR, memcpy_gbps
+from bench.peer_process import peer_process, serve_until_released
 
 BLOCK_SIZE = 32
 LAYER_SHAPE = (2, BLOCK_SIZE, 128)
@@ -67,10 +65,7 @@ def serve(spec_path: Path) -> None:
                                                                    _tokens(num_blocks, salt))]))
         if not worker.saver.flush(timeout_s=300):
             raise RuntimeError("the store did not save the prompts")
-    Path(spec["ready"]).write_text(json.dumps({"address": worker._server.address,
-                                               "blocks": worker.store.store.num_blocks}))
-    while os.getppid() != 1 and Path(spec["ready"]).exists():
-        time.sleep(0.2)
+    serve_until_released(spec, {"address": worker._server.address, "blocks": worker.store.store.num_blocks})
     worker.shutdown()
 
 
@@ -114,44 +109,33 @@ def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="pdmesh-bench-store-"))
     (work / "config.json").write_text('{"model_type": "llama"}')
     prompts = [(f"p{size}", size * (1 << 20) // BLOCK_NBYTES, salt) for salt, size in enumerate(sizes)]
-    ready, spec = work / "ready.json", work / "spec.json"
-    spec.write_text(json.dumps({"model_dir": str(work), "num_blocks": max_blocks, "store_bytes": store_bytes,
-                                "prompts": prompts, "ready": str(ready)}))
-    holder = subprocess.Popen([sys.executable, "-m", "bench.bench_store_fetch", "--serve", str(spec)])
-    try:
-        deadline = time.monotonic() + 300
-        while not ready.exists():
-            if holder.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the holder process did not start")
-            time.sleep(0.2)
-        time.sleep(0.2)
-        served = json.loads(ready.read_text())
-        os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
-        results = {"block_nbytes": BLOCK_NBYTES, "sizes_mib": sizes, "memcpy_gbps": {},
-                   "fetch_gbps": {t: {} for t in TRANSPORTS}, "pull_gbps": {t: {} for t in TRANSPORTS}}
-        for size in sizes:
-            results["memcpy_gbps"][size] = memcpy_gbps(size << 20, args.repeats)
-        for transport in TRANSPORTS:
-            loader = _worker(work, transport, max_blocks, 1 << 20)
-            consumer = _worker(work, transport, max_blocks, 0, is_producer=False)
-            try:
-                for name, num_blocks, salt in prompts:
-                    size = num_blocks * BLOCK_NBYTES >> 20
-                    fetches = [_load_seconds(loader, served["address"], num_blocks, salt)
-                               for _ in range(args.repeats + 1)][1:]  # first: handshake, warm-up
-                    pulls = [_pull_seconds(consumer, served["address"], name, num_blocks, salt)
-                             for _ in range(args.repeats + 1)][1:]
-                    results["fetch_gbps"][transport][size] = (size << 20) / statistics.median(fetches) / 1e9
-                    results["pull_gbps"][transport][size] = (size << 20) / statistics.median(pulls) / 1e9
-                print(transport, json.dumps({k: results[k][transport] for k in ("fetch_gbps", "pull_gbps")}),
-                      flush=True)
-            finally:
-                loader.shutdown()
-                consumer.shutdown()
-        return results
-    finally:
-        ready.unlink(missing_ok=True)
-        holder.wait(timeout=60)
+    spec = {"model_dir": str(work), "num_blocks": max_blocks, "store_bytes": store_bytes, "prompts": prompts}
+    with peer_process("bench.bench_store_fetch", spec, work) as served:
+        return _measure(args, sizes, prompts, served, work, max_blocks)
+
+
+def _measure(args, sizes: list[int], prompts, served: dict, work: Path, max_blocks: int) -> dict:
+    results = {"block_nbytes": BLOCK_NBYTES, "sizes_mib": sizes, "memcpy_gbps": {},
+               "fetch_gbps": {t: {} for t in TRANSPORTS}, "pull_gbps": {t: {} for t in TRANSPORTS}}
+    for size in sizes:
+        results["memcpy_gbps"][size] = memcpy_gbps(size << 20, args.repeats)
+    for transport in TRANSPORTS:
+        loader = _worker(work, transport, max_blocks, 1 << 20)
+        consumer = _worker(work, transport, max_blocks, 0, is_producer=False)
+        try:
+            for name, num_blocks, salt in prompts:
+                size = num_blocks * BLOCK_NBYTES >> 20
+                fetches = [_load_seconds(loader, served["address"], num_blocks, salt)
+                           for _ in range(args.repeats + 1)][1:]  # first: handshake, warm-up
+                pulls = [_pull_seconds(consumer, served["address"], name, num_blocks, salt)
+                         for _ in range(args.repeats + 1)][1:]
+                results["fetch_gbps"][transport][size] = (size << 20) / statistics.median(fetches) / 1e9
+                results["pull_gbps"][transport][size] = (size << 20) / statistics.median(pulls) / 1e9
+            print(transport, json.dumps({k: results[k][transport] for k in ("fetch_gbps", "pull_gbps")}), flush=True)
+        finally:
+            loader.shutdown()
+            consumer.shutdown()
+    return results
 
 
 def plot(results: dict, path: Path) -> None:
