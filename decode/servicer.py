@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pdmesh.compat import check_readable
+from pdmesh.compat import check_readable, tp_size
 from pdmesh.connector.params import REQUEST_STATS, decode_params
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
@@ -57,6 +57,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         check_sampling(request.sampling, len(request.prompt_token_ids), self._info.max_model_len)
         if request.kv.transfer_id:
             check_readable(request.kv.compat, self._info.compat)  # the producer may have more ranks
+            if max(1, request.kv.tp_size) != tp_size(request.kv.compat):
+                raise InvalidRequest(f"KV handle names {request.kv.tp_size} producer ranks, its compat "
+                                     f"{tp_size(request.kv.compat)}")
         if request.kv.num_tokens > len(request.prompt_token_ids):
             raise InvalidRequest("KV handle covers more tokens than the prompt has")
 

@@ -47,6 +47,8 @@ class KVStoreServicer(kv_store_pb2_grpc.KVStoreServicer):
                 if self._exports is None:
                     raise Incompatible("this node's KV store exports no blocks")
                 exported = self._exports.export([key_of(ref) for ref in request.blocks])
+                if exported.transfer is not None and not context.is_active():  # the caller gave up meanwhile
+                    self._exports.release(exported.transfer.transfer_id)
             except PDMeshError as exc:
                 span.record_exception(exc)
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))

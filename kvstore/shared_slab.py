@@ -24,6 +24,7 @@ class SharedSlab:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.ftruncate(fd, num_rows * row_nbytes)
+                os.posix_fallocate(fd, 0, num_rows * row_nbytes)  # a full /dev/shm fails here, not as SIGBUS later
                 mapping = mmap.mmap(fd, num_rows * row_nbytes)
             finally:
                 os.close(fd)

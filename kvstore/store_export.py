@@ -28,6 +28,7 @@ from pdmesh.transport.held_transfers import HeldTransfer
 from pdmesh.transport.kv_layout import LayerRegion, row_checksums, slab_regions
 
 logger = logging.getLogger(__name__)
+ENDED_TTL_S = 300.0  # a released or expired export's id is remembered this long
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class StoreExports:
         self._lock = threading.Lock()
         self._free = np.ones(self.num_slots, dtype=bool)
         self._held: dict[str, HeldTransfer] = {}
+        self._leases: dict[str, int] = {}    # transfer id: gRPC pulls streaming it (never expired meanwhile)
+        self._ended: dict[str, float] = {}   # released or expired transfer id: forget after this time
         self._buffers = threading.local()  # each server thread's wire rows, reused
         self.num_expired = 0
         flat = self._slab.rows.reshape(-1)
@@ -107,6 +110,26 @@ class StoreExports:
         with self._lock:
             return self._held.get(transfer_id)
 
+    def ended(self, transfer_id: str) -> bool:
+        """Released or expired lately (a late Open is answered at once, not waited for)."""
+        with self._lock:
+            return transfer_id in self._ended
+
+    def lease(self, transfer_id: str) -> bool:
+        """A reader of the slots right now: the transfer does not expire until unleased. False (no
+        lease) when it is no longer held."""
+        with self._lock:
+            if transfer_id not in self._held:
+                return False
+            self._leases[transfer_id] = self._leases.get(transfer_id, 0) + 1
+            return True
+
+    def unlease(self, transfer_id: str) -> None:
+        with self._lock:
+            self._leases[transfer_id] -= 1
+            if not self._leases[transfer_id]:
+                del self._leases[transfer_id]
+
     def read_rows(self, slots: list[int]) -> np.ndarray:
         """The exported blocks' wire rows ((n, block_nbytes) uint8), gathered from the slab."""
         rows = np.empty((len(slots), self._store.block_nbytes), dtype=np.uint8)
@@ -117,6 +140,8 @@ class StoreExports:
     def release(self, transfer_id: str) -> bool:
         with self._lock:
             transfer = self._held.pop(transfer_id, None)
+            if transfer is not None:
+                self._ended[transfer_id] = time.monotonic() + ENDED_TTL_S
         if transfer is None:
             return False
         self._free_slots(list(transfer.block_ids))
@@ -172,9 +197,13 @@ class StoreExports:
     def _expire(self) -> None:
         now = time.monotonic()
         with self._lock:
-            expired = [tid for tid, transfer in self._held.items() if transfer.deadline <= now]
+            expired = [tid for tid, transfer in self._held.items()
+                       if transfer.deadline <= now and tid not in self._leases]
             for transfer_id in expired:
                 self._free[list(self._held.pop(transfer_id).block_ids)] = True
+                self._ended[transfer_id] = now + ENDED_TTL_S
             self.num_expired += len(expired)
+            for transfer_id in [tid for tid, until in self._ended.items() if until <= now]:
+                del self._ended[transfer_id]
         if expired:
             logger.warning("%d KV store exports were not released within %.0f s: freed", len(expired), self._hold_s)

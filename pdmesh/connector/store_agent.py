@@ -29,7 +29,7 @@ from kvstore.tier import BlockTier
 from pdmesh.compat import fingerprint_seed
 from pdmesh.config import StoreSettings
 from pdmesh.connector.metadata import SendTask, StoreLoadTask
-from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, PDMeshError, TransferNotFound
+from pdmesh.errors import BlockHashMismatch, Overloaded, PDMeshError, TransferNotFound
 from pdmesh.transport.grpc_kv_server import ExtraService
 from pdmesh.transport.kv_links import KVLinks
 from pdmesh.transport.mesh_auth import MeshAuth
@@ -186,8 +186,10 @@ class StoreAgent:
                     raise TransferNotFound(f"{node} no longer holds block {batch[num_held][0].block_hash.hex()}")
                 self._check_budget(deadline)
         except PDMeshError as exc:
-            if not isinstance(exc, (TransferNotFound, BlockHashMismatch, ChecksumMismatch)):
-                self._links.forget(node)  # the node may be gone: handshake again next time
+            if not isinstance(exc, (TransferNotFound, BlockHashMismatch, Overloaded)):
+                # the node may be gone, or back on this address with another slab (a stale mapping
+                # reads as a checksum mismatch): handshake again next time
+                self._links.forget(node)
             raise
         finally:
             if pending is not None:  # a batch exported ahead that will not be read: free it now

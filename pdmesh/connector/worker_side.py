@@ -324,8 +324,8 @@ class ConnectorWorker:
         stats.num_local_tokens = task.num_local_tokens
         stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
         span.set_attributes({
-            "pdmesh.kv.transport": transport, "pdmesh.kv.checksum": result,
-            "pdmesh.kv.peer": ",".join(address for address, _ in self._sources(task)),
+            "pdmesh.kv.transport": transport, "pdmesh.kv.checksum": result, "pdmesh.kv.peer": task.kv_address,
+            "pdmesh.kv.producer_tp_size": task.producer_tp_size,
             "pdmesh.kv.blocks": stats.num_blocks, "pdmesh.kv.failed_blocks": stats.num_failed_blocks,
             "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,
             "pdmesh.kv.first_block_s": stats.first_block_seconds,
@@ -354,8 +354,10 @@ class ConnectorWorker:
                     if not stats.first_block_seconds:
                         stats.first_block_seconds = time.perf_counter() - started
             except Exception as exc:  # noqa: BLE001 - reported below, once the other ranks' shares are in
-                if not isinstance(exc, (ChecksumMismatch, BlockHashMismatch)):
-                    links.forget(address)  # the producer may be gone: handshake again next time
+                if not isinstance(exc, BlockHashMismatch):
+                    # the producer may be gone, or back on this address with other memory (a stale
+                    # mapping reads as a checksum mismatch): handshake again next time
+                    links.forget(address)
                 failure = failure or exc
             num_whole = min(num_whole, num_landed)
         stats.num_blocks = num_whole
@@ -388,6 +390,8 @@ class ConnectorWorker:
         except Incompatible:
             addresses = [_rank_address(task.kv_address, rank) for rank in range(task.producer_tp_size)
                          if rank % self._tp_size == self._tp_rank]
+        except ValueError:  # an address without a port: nothing was read
+            return
         control = self._links_for(WHOLE).control
         for address in addresses:
             try:

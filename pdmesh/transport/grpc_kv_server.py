@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import server_interceptor
 
 from pdmesh.compat import check_compatible, check_readable
-from pdmesh.errors import Incompatible, InvalidRequest, PDMeshError
+from pdmesh.errors import Incompatible, InvalidRequest, PDMeshError, TransferNotFound
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
 from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, iter_chunks, run_chunk
@@ -46,6 +46,15 @@ class ExportedTransfers(Protocol):
         ...
 
     def release(self, transfer_id: str) -> bool:
+        ...
+
+    def ended(self, transfer_id: str) -> bool:
+        ...
+
+    def lease(self, transfer_id: str) -> bool:
+        ...
+
+    def unlease(self, transfer_id: str) -> None:
         ...
 
 
@@ -127,26 +136,36 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             except PDMeshError as exc:
                 span.record_exception(exc)
                 self._abort(context, exc)
-            read_run, read_rows = ((lambda ids: self._store.read_rows(ids).tobytes(), self._store.read_rows)
-                                   if exported else (self._read_run, self._read_blocks))
-            num_bytes = 0
-            indexes = list(request.block_indexes)
-            per_read = blocks_per_chunk(self._compat.block_nbytes, self._chunk_nbytes)
-            for start in range(0, len(indexes), per_read):
-                batch = indexes[start:start + per_read]
-                block_ids = [transfer.block_ids[i] for i in batch]
-                hashes = [transfer.block_hashes[i] for i in batch]
-                if per_read > 1 and read_run is not None:  # a message's bytes straight from the cache
-                    chunk = run_chunk(batch, read_run(block_ids), self._compat.block_nbytes, hashes)
-                    yield chunk
-                    nbytes = len(chunk.data)
-                else:
-                    rows = read_rows(block_ids)  # one gather per layer
-                    yield from iter_chunks(batch, rows, hashes, self._chunk_nbytes)
-                    nbytes = rows.nbytes
-                num_bytes += nbytes
-                self._count(len(batch), nbytes, GRPC)
+            if exported and not self._store.lease(request.transfer_id):  # its slots stay its own while streamed
+                self._abort(context, TransferNotFound(f"KV store export {request.transfer_id!r} expired"))
+            try:
+                num_bytes = yield from self._stream(transfer, exported, list(request.block_indexes))
+            finally:
+                if exported:
+                    self._store.unlease(request.transfer_id)
             span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
+
+    def _stream(self, transfer: HeldTransfer, exported: bool, indexes: list[int]):
+        """Yields the chunks of the transfer's blocks at `indexes`; returns the bytes sent."""
+        read_run, read_rows = ((lambda ids: self._store.read_rows(ids).tobytes(), self._store.read_rows)
+                               if exported else (self._read_run, self._read_blocks))
+        num_bytes = 0
+        per_read = blocks_per_chunk(self._compat.block_nbytes, self._chunk_nbytes)
+        for start in range(0, len(indexes), per_read):
+            batch = indexes[start:start + per_read]
+            block_ids = [transfer.block_ids[i] for i in batch]
+            hashes = [transfer.block_hashes[i] for i in batch]
+            if per_read > 1 and read_run is not None:  # a message's bytes straight from the cache
+                chunk = run_chunk(batch, read_run(block_ids), self._compat.block_nbytes, hashes)
+                yield chunk
+                nbytes = len(chunk.data)
+            else:
+                rows = read_rows(block_ids)  # one gather per layer
+                yield from iter_chunks(batch, rows, hashes, self._chunk_nbytes)
+                nbytes = rows.nbytes
+            num_bytes += nbytes
+            self._count(len(batch), nbytes, GRPC)
+        return num_bytes
 
     def Release(self, request, context):
         if self._store is not None and self._store.release(request.transfer_id):
@@ -175,6 +194,8 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         transfer = self._store.find(request.transfer_id) if self._store is not None else None
         exported = transfer is not None
         (check_compatible if exported else check_readable)(self._compat, request.compat)
+        if transfer is None and self._store is not None and self._store.ended(request.transfer_id):
+            raise TransferNotFound(f"KV store export {request.transfer_id!r} was released or expired")
         if transfer is None:
             transfer = self._held.wait_for(request.transfer_id, self._wait_timeout_s)
         num_blocks = len(transfer.block_ids)

@@ -66,6 +66,21 @@ async def test_decode_refuses_kv_from_an_incompatible_producer(cluster):
     assert "block_size: prefill=64 decode=32" in error.value.details()
 
 
+async def test_decode_refuses_a_handle_whose_ranks_disagree_with_its_compat(cluster):
+    """The handle's producer ranks decide which ports decode reads: they must be the compat's."""
+    async with grpc.aio.insecure_channel(cluster.decode_addresses[0]) as channel:
+        info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest())
+        request = worker_pb2.DecodeRequest(
+            request_id="ranks-1", prompt_token_ids=[0, 5, 6], sampling=common_pb2.SamplingParams(max_tokens=2),
+            kv=common_pb2.KVHandle(transfer_id="x", kv_address="127.0.0.1:1", block_ids=[0], num_tokens=3,
+                                   compat=info.compat, tp_size=2))
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            async for _ in worker_pb2_grpc.DecodeStub(channel).Decode(request):
+                pass
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "2 producer ranks, its compat 1" in error.value.details()
+
+
 async def test_lost_kv_is_recomputed_on_decode_and_output_stays_correct(cluster, reference):
     """A handle naming a transfer the producer never held: the pull fails, vLLM recomputes."""
     prompt, want = LOST_KV_PROMPT, reference["runs"][3]["token_ids"][0]  # sent by no other test

@@ -3,6 +3,8 @@ exports blocks to another, which reads them as a KV transfer on the node's KV po
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvstore.block_store import TieredBlockStore
@@ -107,3 +109,20 @@ def test_a_peer_with_another_layout_is_refused(nodes):
     with pytest.raises(Incompatible):
         client.export(a.server.address, keys(1))
     client.close()
+
+
+def test_an_export_being_pulled_does_not_expire_under_its_reader(nodes):
+    """A gRPC pull streams the slots it reads: while it runs the export is leased, so no expiry can
+    hand its slots to another export mid-stream."""
+    a, _, client = nodes
+    k = keys(2)
+    a.store.put(k[0], payload(20))
+    a.store.put(k[1], payload(21))
+    transfer_id, _ = client.export(a.server.address, k)
+    assert a.exports.lease(transfer_id)
+    a.exports._hold_s = 0.0
+    a.exports._held[transfer_id] = dataclasses.replace(a.exports._held[transfer_id], deadline=0.0)
+    assert a.exports.find(transfer_id) is not None  # past its deadline, leased: still held
+    a.exports.unlease(transfer_id)
+    assert a.exports.find(transfer_id) is None and a.exports.ended(transfer_id)
+    assert not a.exports.lease(transfer_id)

@@ -4,8 +4,9 @@ without cleaning up (SIGKILL, the OOM killer, a killed process group that took t
 with it) are removed by the next pdmesh process to start: each is the size of a KV cache, held in
 host memory until someone unlinks it.
 
-Only files of processes in this PID namespace are swept (a process of another namespace sharing
-/dev/shm would look dead from here)."""
+Only lists this user owns, of processes in this PID namespace, are swept (a process of another
+namespace sharing /dev/shm would look dead from here; another user's list could name our live
+files). Recording and sweeping are best effort: they never fail a worker."""
 
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ def record(paths: Iterable[Path | str]) -> None:
     """Notes shared files this process created. A process that exits cleanly unlinks them itself;
     its list stays (a few bytes) until a sweep finds the process gone."""
     lines = "".join(f"{path}\n" for path in paths)
-    with _lock, open(_own_list(), "a") as file:
-        if file.tell() == 0:
-            file.write(f"ns {_pid_namespace()}\n")
-        file.write(lines)
+    try:
+        with _lock, open(os.open(_own_list(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a") as file:
+            if file.tell() == 0:
+                file.write(f"ns {_pid_namespace()}\n")
+            file.write(lines)
+    except OSError as exc:
+        logger.warning("shared-memory files not recorded for cleanup (%s)", exc)
 
 
 def sweep(shm_dir: Path = SHM_DIR) -> int:
@@ -36,9 +40,9 @@ def sweep(shm_dir: Path = SHM_DIR) -> int:
     removed = 0
     for owner_list in shm_dir.glob(f"{_PREFIX}*"):
         pid = owner_list.name.removeprefix(_PREFIX)
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
         try:
+            if not pid.isdigit() or _alive(int(pid)) or owner_list.stat().st_uid != os.getuid():
+                continue
             header, *paths = owner_list.read_text().splitlines()
         except (OSError, ValueError):
             continue
@@ -46,10 +50,16 @@ def sweep(shm_dir: Path = SHM_DIR) -> int:
             continue
         for path in paths:
             target = Path(path)
-            if target.parent == shm_dir and target.exists():
-                target.unlink(missing_ok=True)
-                removed += 1
-        owner_list.unlink(missing_ok=True)
+            try:
+                if target.parent == shm_dir and target.stat().st_uid == os.getuid():
+                    target.unlink()
+                    removed += 1
+            except OSError:
+                continue
+        try:
+            owner_list.unlink()
+        except OSError:
+            continue
     if removed:
         logger.warning("removed %d shared-memory files left by pdmesh processes that died", removed)
     return removed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -231,8 +232,12 @@ def test_an_export_is_read_by_its_transfer_id_only_and_freed_at_its_deadline(pro
     assert [bytes(block.payload) for block in control.pull(address, exported.transfer_id, [0, 1])] == [
         a.store.store.read(key)[0].tobytes() for key in _keys(a)]
     a.store.exports._hold_s = 0.0  # a reader that never releases
-    assert a.store.exports.export(_keys(a)[:1]).transfer is not None
+    expired = a.store.exports.export(_keys(a)[:1]).transfer
     assert (a.store.exports.num_held, a.store.exports.num_expired) == (1, 1)  # the first is still held
+    started = time.monotonic()
+    with pytest.raises(TransferNotFound, match="released or expired"):  # answered at once, not waited for
+        control.open(address, expired.transfer_id, [0], "grpc")
+    assert time.monotonic() - started < 0.15
     control.release(address, exported.transfer_id)
 
 

@@ -270,3 +270,18 @@ def test_the_cache_salt_is_part_of_the_blocks_hashes(pair):
     task.extra_key = b"tenant-b"
     _finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
     assert consumer.take_failed_block_ids() == {1, 4, 6}
+
+
+def test_a_handle_whose_ranks_do_not_divide_is_recomputed_not_left_waiting(model_dir, no_thread_leak):
+    """A producer with 3 ranks for a consumer with 2: nothing can be read, the request is reported
+    received with every block failed (vLLM recomputes them), and nothing escapes the reader thread."""
+    shape = (NUM_BLOCKS, 2, BLOCK_SIZE, 16)
+    consumer = _consumer(model_dir, shape, tp_rank=1, tp_size=2)
+    try:
+        task = RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1", kv_address="127.0.0.1:1",
+                        block_indexes=[0, 1], local_block_ids=[3, 4], token_ids=TOKENS[:64], producer_tp_size=3)
+        consumer._receive(task)
+        assert consumer.get_finished() == (None, {"d-1"})
+        assert consumer.take_failed_block_ids() == {3, 4}
+    finally:
+        consumer.shutdown()

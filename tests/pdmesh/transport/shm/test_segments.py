@@ -32,3 +32,24 @@ def test_a_process_records_what_it_shares_under_its_own_pid(tmp_path, monkeypatc
     segments.record([tmp_path / "c"])
     lines = (tmp_path / f"pdmesh-owned-{__import__('os').getpid()}").read_text().splitlines()
     assert lines == [f"ns {segments._pid_namespace()}", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")]
+
+
+def test_lists_and_files_of_another_user_are_left_alone(tmp_path):
+    import os
+
+    import pytest
+
+    if os.getuid() != 0:
+        pytest.skip("needs root to hand files to another user")
+    namespace = f"ns {segments._pid_namespace()}"
+    theirs, ours = _dead_pid(), _dead_pid()
+    files = {name: tmp_path / name for name in ("kv-theirs", "kv-foreign-in-ours", "kv-ours")}
+    for path in files.values():
+        path.write_bytes(b"x")
+    (tmp_path / f"pdmesh-owned-{theirs}").write_text(f"{namespace}\n{files['kv-theirs']}\n")
+    (tmp_path / f"pdmesh-owned-{ours}").write_text(f"{namespace}\n{files['kv-foreign-in-ours']}\n{files['kv-ours']}\n")
+    os.chown(tmp_path / f"pdmesh-owned-{theirs}", 4321, 4321)
+    os.chown(files["kv-foreign-in-ours"], 4321, 4321)
+    assert segments.sweep(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["kv-theirs", "kv-foreign-in-ours", f"pdmesh-owned-{theirs}"])
