@@ -177,7 +177,13 @@ class StoreAgent:
             stats.transport = link.transport
             pending = self._client.export_soon(node, [key for key, _ in batches[0]])
             for number, batch in enumerate(batches):
-                transfer_id, num_held = pending()
+                try:
+                    transfer_id, num_held = pending()
+                except Overloaded:
+                    if not number:
+                        raise
+                    pending = None  # asked ahead while the batch before held the node's slab: room now
+                    transfer_id, num_held = self._client.export(node, [key for key, _ in batch])
                 pending = (self._client.export_soon(node, [key for key, _ in batches[number + 1]])
                            if number + 1 < len(batches) and num_held == len(batch) else None)
                 if num_held:

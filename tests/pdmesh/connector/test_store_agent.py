@@ -256,3 +256,14 @@ def test_a_remote_load_reads_batch_after_batch_and_frees_the_one_exported_ahead_
     stats = _load(b, [a.store.index.node] * 2, [6, 1])
     assert (stats["num_blocks"], stats["cut"]) == (1, True)
     assert a.store.exports.num_held == 0  # the second block, exported ahead, was released
+
+
+def test_a_read_ahead_export_with_no_room_is_asked_again_once_the_batch_before_is_released(nodes, monkeypatch):
+    monkeypatch.setattr(store_agent, "EXPORT_BATCH_NBYTES", BLOCK_NBYTES)  # one block an export
+    a, b, _ = nodes
+    _save(a, [5, 2, 7])
+    held = a.store.exports.export(_keys(a)).transfer  # 2 of its 3 slots: room for one batch at a time
+    stats = _load(b, [a.store.index.node] * 2, [3, 4])
+    assert (stats["tokens_by_tier"], stats["num_failed_blocks"]) == ({"remote": 64}, 0)
+    assert _same_block(b, 4, a, 2)
+    assert a.store.exports.release(held.transfer_id)
