@@ -34,11 +34,7 @@ def fingerprint_seed(compat: common_pb2.CompatInfo) -> bytes:
 
 def check_compatible(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo) -> None:
     """Raises Incompatible naming every field that differs (same model, same layout, same ranks)."""
-    diffs = _diffs(mine, theirs, _SHARED_FIELDS + _RANK_FIELDS)
-    if tp_size(mine) != tp_size(theirs):
-        diffs.append(f"tp_size: local={tp_size(mine)} peer={tp_size(theirs)}")
-    if diffs:
-        raise Incompatible("KV layout mismatch between prefill and decode: " + "; ".join(diffs))
+    _raise_if_any(_mismatches(mine, theirs))
 
 
 def check_readable(producer: common_pb2.CompatInfo, consumer: common_pb2.CompatInfo) -> None:
@@ -46,9 +42,7 @@ def check_readable(producer: common_pb2.CompatInfo, consumer: common_pb2.CompatI
     (tp_ratio) whose caches hold each producer rank's heads as a run of bytes per piece."""
     roles = ("prefill", "decode")
     if tp_size(producer) == tp_size(consumer):
-        diffs = _diffs(producer, consumer, _SHARED_FIELDS + _RANK_FIELDS, roles)
-        if diffs:
-            raise Incompatible("KV layout mismatch between prefill and decode: " + "; ".join(diffs))
+        _raise_if_any(_mismatches(producer, consumer, roles))
         return
     diffs = _diffs(producer, consumer, _SHARED_FIELDS, roles)
     ratio = tp_size(producer) // tp_size(consumer)
@@ -59,8 +53,7 @@ def check_readable(producer: common_pb2.CompatInfo, consumer: common_pb2.CompatI
                      f"head-major={producer.heads_outer}), decode tp={tp_size(consumer)} ({consumer.num_kv_heads}, "
                      f"head-major={consumer.heads_outer}): decode can read from k times as many prefill ranks "
                      f"when both keep blocks head-major")
-    if diffs:
-        raise Incompatible("KV layout mismatch between prefill and decode: " + "; ".join(diffs))
+    _raise_if_any(diffs)
 
 
 def tp_size(compat: common_pb2.CompatInfo) -> int:
@@ -74,6 +67,20 @@ def tp_ratio(producer_tp_size: int, consumer_tp_size: int) -> int:
         raise Incompatible(f"decode with tp={consumer_tp_size} cannot read from prefill with tp={producer_tp_size}: "
                            f"prefill needs a multiple of decode's ranks")
     return producer_tp_size // consumer_tp_size
+
+
+def _mismatches(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo,
+                labels: tuple[str, str] = ("local", "peer")) -> list[str]:
+    """Every field that differs between two engines with as many ranks each."""
+    diffs = _diffs(mine, theirs, _SHARED_FIELDS + _RANK_FIELDS, labels)
+    if tp_size(mine) != tp_size(theirs):
+        diffs.append(f"tp_size: {labels[0]}={tp_size(mine)} {labels[1]}={tp_size(theirs)}")
+    return diffs
+
+
+def _raise_if_any(diffs: list[str]) -> None:
+    if diffs:
+        raise Incompatible("KV layout mismatch between prefill and decode: " + "; ".join(diffs))
 
 
 def _diffs(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo, names,

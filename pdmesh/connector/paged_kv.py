@@ -41,7 +41,6 @@ class PagedKVCache:
         self._layers = [self._layer_view(name, t, num_blocks) for name, t in kv_caches.items()]
         self.num_blocks = num_blocks
         self.block_nbytes = sum(layer.block_nbytes for layer in self._layers)
-        self.num_kv_heads = num_kv_heads
         pieces = {_piece_shape(layer) for layer in self._layers}
         self.heads_outer = (len(pieces) == 1 and num_kv_heads > 0 and num_kv_heads != block_size
                             and all(len(p) == 3 and p[0] == num_kv_heads and p[1] == block_size for p in pieces))

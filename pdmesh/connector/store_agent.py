@@ -175,7 +175,8 @@ class StoreAgent:
         try:
             link = self._links.link(node)
             stats.transport = link.transport
-            pending = self._client.export_soon(node, [key for key, _ in batches[0]])
+            keys = [[key for key, _ in batch] for batch in batches]
+            pending = self._client.export_soon(node, keys[0])
             for number, batch in enumerate(batches):
                 try:
                     transfer_id, num_held = pending()
@@ -183,8 +184,8 @@ class StoreAgent:
                     if not number:
                         raise
                     pending = None  # asked ahead while the batch before held the node's slab: room now
-                    transfer_id, num_held = self._client.export(node, [key for key, _ in batch])
-                pending = (self._client.export_soon(node, [key for key, _ in batches[number + 1]])
+                    transfer_id, num_held = self._client.export(node, keys[number])
+                pending = (self._client.export_soon(node, keys[number + 1])
                            if number + 1 < len(batches) and num_held == len(batch) else None)
                 if num_held:
                     self._read_export(link, transfer_id, batch[:num_held], stats)
@@ -199,15 +200,16 @@ class StoreAgent:
             raise
         finally:
             if pending is not None:  # a batch exported ahead that will not be read: free it now
-                self._release_soon_exported(node, pending)
+                self._release_read_ahead(node, pending)
 
-    def _release_soon_exported(self, node: str, pending) -> None:
+    def _release_read_ahead(self, node: str, pending) -> None:
+        """Frees a batch exported ahead of a load that stopped before reading it."""
         try:
             transfer_id, num_held = pending()
-            if num_held:
-                self._links.control.release(node, transfer_id)
-        except PDMeshError as exc:
-            logger.debug("an export read ahead of a failed load was not released (%s); freed at its deadline", exc)
+        except PDMeshError:
+            return  # not exported: nothing to free
+        if num_held:
+            self._release_export(node, transfer_id)
 
     def _read_export(self, link, transfer_id: str, batch: list[tuple[BlockKey, int]], stats: StoreLoadStats) -> None:
         reader = self._links.reader(link)
@@ -216,14 +218,16 @@ class StoreAgent:
             for num_landed in reader.read_blocks(link, transfer_id, range(len(batch)),
                                                  [local_id for _, local_id in batch],
                                                  [key.block_hash for key, _ in batch]):
-                for _ in range(num_landed - num_before):
-                    self._count(stats, REMOTE, self.store.block_nbytes)
+                self._count(stats, REMOTE, self.store.block_nbytes, num_landed - num_before)
                 num_before = num_landed
         finally:
-            try:
-                self._links.control.release(link.address, transfer_id)
-            except PDMeshError as exc:
-                logger.warning("store export %s: release failed (%s); freed at its deadline", transfer_id, exc)
+            self._release_export(link.address, transfer_id)
+
+    def _release_export(self, node: str, transfer_id: str) -> None:
+        try:
+            self._links.control.release(node, transfer_id)
+        except PDMeshError as exc:
+            logger.warning("store export %s: release failed (%s); freed at its deadline", transfer_id, exc)
 
     def _load_buffer(self) -> np.ndarray:
         """This thread's reused batch buffer (fresh pages would cost a fault each, every load)."""
@@ -232,10 +236,11 @@ class StoreAgent:
             buffer = self._buffers.rows = np.empty((LOAD_BATCH_BLOCKS, self.store.block_nbytes), dtype=np.uint8)
         return buffer
 
-    def _count(self, stats: StoreLoadStats, tier: str, nbytes: int) -> None:
-        stats.tokens_by_tier[tier] = stats.tokens_by_tier.get(tier, 0) + self._block_size
-        stats.num_blocks += 1
-        stats.num_bytes += nbytes
+    def _count(self, stats: StoreLoadStats, tier: str, nbytes: int, num_blocks: int = 1) -> None:
+        """Counts num_blocks blocks of nbytes each loaded from `tier`."""
+        stats.tokens_by_tier[tier] = stats.tokens_by_tier.get(tier, 0) + num_blocks * self._block_size
+        stats.num_blocks += num_blocks
+        stats.num_bytes += num_blocks * nbytes
 
     @staticmethod
     def _check_budget(deadline: float) -> None:

@@ -101,14 +101,14 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         wanted = set(request.transports)
         if request.store and self._store is None:
             raise Incompatible("this node has no KV store")
-        for exporter in self._store_exporters if request.store else self._exporters:
+        exporters = self._store_exporters if request.store else self._exporters
+        for exporter in exporters:
             if exporter.transport in wanted and exporter.accepts(request.host_id):
                 regions, session = exporter.describe()
                 return kv_transfer_pb2.HandshakeResponse(
                     transport=exporter.transport, regions=[r.to_proto() for r in regions], mooncake_session=session)
         if GRPC in wanted and self._serve_grpc:
             return kv_transfer_pb2.HandshakeResponse(transport=GRPC)
-        exporters = self._store_exporters if request.store else self._exporters
         offered = [e.transport for e in exporters] + ([GRPC] if self._serve_grpc else [])
         raise Incompatible(f"no KV transport in common: consumer reads with {sorted(wanted)}, producer offers {offered}")
 
