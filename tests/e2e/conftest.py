@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,13 +147,26 @@ def cluster(tiny_llama_dir, reference, otlp_receiver, tmp_path_factory):
 def assert_nothing_pinned(cluster: LocalCluster, num_expired: int = 0) -> None:
     """Leak check: every transfer the prefill workers pinned was released (or expired, if expected)."""
     for address in cluster.prefill_addresses:
-        stats = asyncio.run(worker_stats(address))
+        stats = asyncio.run(settled_stats(address))
         assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, num_expired), address
 
 
 async def worker_stats(address: str, tls: TlsSettings | None = None) -> worker_pb2.WorkerStats:
     async with open_channel(address, tls or TlsSettings()) as channel:
         return await worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest())
+
+
+async def settled_stats(address: str, tls: TlsSettings | None = None) -> worker_pb2.WorkerStats:
+    """A worker's stats once the last request's tail work is done: a prefill still saving to its store, or a
+    release still on the wire, keeps a transfer pinned for a moment after the client has its tokens. A transfer
+    nobody releases ends by expiring after HOLD_TIMEOUT_S, which the caller's num_expired_transfers check sees."""
+    deadline = time.monotonic() + HOLD_TIMEOUT_S + 5
+    while True:
+        stats = await worker_stats(address, tls)
+        busy = (stats.num_held_transfers, stats.num_running_requests, stats.kv_store_pinned_blocks) != (0, 0, 0)
+        if not busy or time.monotonic() > deadline:
+            return stats
+        await asyncio.sleep(0.1)
 
 
 @contextlib.asynccontextmanager

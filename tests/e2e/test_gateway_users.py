@@ -26,7 +26,7 @@ from pdmesh.registry import RegistryWatcher
 from pdmesh.tls import open_channel
 from pdmesh.v1 import generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import (FAILOVER_PROMPT, FAILOVER_SAMPLING, HOLD_TIMEOUT_S, MAX_TOKENS, USER_CHATS,
-                                USER_TEXT_PROMPTS, in_process_gateway, worker_stats)
+                                USER_TEXT_PROMPTS, in_process_gateway, settled_stats, worker_stats)
 from tests.redis_server import RedisServer
 from tests.tls_certs import make_certs
 
@@ -65,7 +65,7 @@ def users_cluster(tiny_llama_dir, reference, redis, certs, tmp_path_factory):
         yield running
         tls = TlsSettings(cert_file=certs.client_cert, key_file=certs.client_key, ca_file=certs.ca)
         for address in [a for a in running.prefill_addresses + running.decode_addresses if a not in running.killed]:
-            stats = asyncio.run(worker_stats(address, tls))   # leak check: nothing pinned, no block in use
+            stats = asyncio.run(settled_stats(address, tls))   # leak check: nothing pinned, no block in use
             assert (stats.num_held_transfers, stats.num_expired_transfers, stats.num_running_requests,
                     stats.kv_cache_usage) == (0, 0, 0, 0.0), address
 

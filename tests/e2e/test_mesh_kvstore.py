@@ -22,7 +22,7 @@ from pdmesh.compat import fingerprint_seed
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.kvstore.factories import flip_bit
 from tests.e2e.conftest import (HOLD_TIMEOUT_S, STORE_PREFIX_TOKENS, STORE_SCENARIOS, STORE_SUFFIX_TOKENS,
-                                in_process_gateway, store_prompt_pair, telemetry_flags, worker_stats)
+                                in_process_gateway, settled_stats, store_prompt_pair, telemetry_flags, worker_stats)
 
 pytestmark = pytest.mark.vllm
 BLOCK_SIZE = 32
@@ -41,7 +41,7 @@ def store_cluster(tiny_llama_dir, reference, redis, otlp_receiver, tmp_path_fact
                       telemetry_args=telemetry_flags(otlp_receiver.endpoint)) as running:
         yield running
         for address in running.prefill_addresses:  # leak check: nothing pinned, nothing being read
-            stats = asyncio.run(worker_stats(address))
+            stats = asyncio.run(settled_stats(address))
             assert (stats.num_held_transfers, stats.num_expired_transfers, stats.kv_store_pinned_blocks) == (0, 0, 0)
 
 
