@@ -73,6 +73,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             chunk.kv_seconds = stats["seconds"]
             chunk.kv_first_block_seconds = stats["first_block_seconds"]
             chunk.num_cached_tokens = stats["num_reused_tokens"]
+            if stats["layerwise"]:
+                chunk.kv_seconds_before_prefill_done = stats["seconds_before_prefill_done"]
+                chunk.kv_seconds_after_prefill_done = stats["seconds_after_prefill_done"]
+                chunk.kv_overlap_ratio = stats["overlap_ratio"]
             self._record_transfer(stats, len(request.prompt_token_ids))
 
     def _record_transfer(self, stats: dict, num_prompt_tokens: int) -> None:
@@ -82,6 +86,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if stats["num_bytes"] and stats["seconds"] > 0:
             m.kv_gbps.labels(role, transport).observe(stats["num_bytes"] / stats["seconds"] / 1e9)
             m.kv_seconds.labels(role, transport).observe(stats["seconds"])
+            if stats["layerwise"]:
+                m.kv_overlap_ratio.labels(role, transport).observe(stats["overlap_ratio"])
         m.cache_query_tokens.labels(role).inc(num_prompt_tokens)
         m.cache_hit_tokens.labels(role, "device").inc(stats["num_local_tokens"])
         m.cache_hit_tokens.labels(role, "peer").inc(stats["num_reused_tokens"] - stats["num_local_tokens"])

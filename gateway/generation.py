@@ -68,7 +68,8 @@ class MeshGenerator:
         prompt_token_ids = self._prompt_token_ids(request, info)
         state = RunState(request_id, prompt_token_ids, request.sampling, cache_salt_of(tenant, request.cache_salt))
         run = RequestRun(self._pool, self._policy, self.disagg, state, self._deadline(timeout_s),
-                         self._settings.max_attempts, self._settings.first_token_from == "prefill")
+                         self._settings.max_attempts, self._settings.first_token_from == "prefill",
+                         layerwise=self._settings.kv_flow == "layerwise")
         span.set_attributes({"pdmesh.route.policy": self._policy.name, "pdmesh.prompt_tokens": len(prompt_token_ids),
                              "pdmesh.tenant": tenant})
         timer = TokenTimer(self._metrics)
@@ -138,4 +139,8 @@ def response_of(request_id: str, chunk: worker_pb2.DecodeResponse, state: RunSta
     transfer.num_failovers = state.num_failovers
     transfer.resumed_at_token = state.resumed_at_token
     transfer.local_prefill = bool(state.decision and state.decision.local)
+    transfer.layerwise = chunk.kv_seconds_before_prefill_done > 0 or chunk.kv_seconds_after_prefill_done > 0
+    transfer.seconds_before_prefill_done = chunk.kv_seconds_before_prefill_done
+    transfer.seconds_after_prefill_done = chunk.kv_seconds_after_prefill_done
+    transfer.overlap_ratio = chunk.kv_overlap_ratio
     return response

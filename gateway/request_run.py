@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from gateway.disagg import Decision, DisaggPolicy
 from gateway.pool import Worker, WorkerPool
 from gateway.routing import RoutePolicy
 from pdmesh import errors
+from pdmesh.compat import tp_size
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.telemetry.grpc_client import client_span
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -43,6 +45,36 @@ DECODE_METHOD = "/pdmesh.v1.Decode/Decode"
 RETRYABLE = (errors.WorkerFailed, errors.TransferNotFound, errors.ChecksumMismatch, errors.BlockHashMismatch)
 RETRYABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
                    grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+
+
+def layerwise_handle(prefill: Worker, num_tokens: int) -> common_pb2.KVHandle:
+    """The handle decode reads a layer-wise transfer with: its id is minted here (unguessable, shared
+    by the prefill and decode of one attempt only) and the blocks are named as prefill computes them."""
+    info = prefill.info
+    return common_pb2.KVHandle(transfer_id=secrets.token_urlsafe(18), kv_address=info.kv_address,
+                               num_tokens=num_tokens, compat=info.compat, tp_size=tp_size(info.compat), layerwise=True)
+
+
+async def _until_failed(chunks: AsyncIterator[worker_pb2.DecodeResponse],
+                        prefilling: asyncio.Future) -> AsyncIterator[worker_pb2.DecodeResponse]:
+    """decode's chunks, raising prefill's failure as soon as it fails (decode would wait for its
+    KV until its own timeout)."""
+    iterator = chunks.__aiter__()
+    try:
+        while True:
+            next_chunk = asyncio.ensure_future(iterator.__anext__())
+            if not prefilling.done():
+                await asyncio.wait({next_chunk, prefilling}, return_when=asyncio.FIRST_COMPLETED)
+                if prefilling.done() and prefilling.exception() is not None and not next_chunk.done():
+                    next_chunk.cancel()  # the decode call is cancelled: its request aborted, blocks freed
+                    await asyncio.gather(next_chunk, return_exceptions=True)
+                    raise prefilling.exception()
+            try:
+                yield await next_chunk
+            except StopAsyncIteration:
+                return
+    finally:
+        await iterator.aclose()
 
 
 class _Retry(Exception):
@@ -79,14 +111,15 @@ class RunState:
 
 class RequestRun:
     def __init__(self, pool: WorkerPool, policy: RoutePolicy, disagg: DisaggPolicy, state: RunState,
-                 deadline: float, max_attempts: int, stream_prefill_token: bool) -> None:
+                 deadline: float, max_attempts: int, stream_prefill_token: bool, layerwise: bool = False) -> None:
         self._pool = pool
         self._policy = policy
         self._disagg = disagg
         self.state = state
         self._deadline = deadline
         self._max_attempts = max_attempts
-        self._stream_prefill_token = stream_prefill_token
+        self._layerwise = layerwise   # decode reads each layer while prefill computes the next
+        self._stream_prefill_token = stream_prefill_token and not layerwise
         self._excluded: set[str] = set()   # workers that failed this request
         self._prefilled_at = 0.0            # monotonic time the latest remote prefill answered
 
@@ -130,6 +163,11 @@ class RequestRun:
                 state.generated += chunk.token_ids
                 yield chunk
             return
+        if self._layerwise:
+            async for chunk in self._layerwise_chunks(prefill, decode, prompt):
+                state.generated += chunk.token_ids
+                yield chunk
+            return
         prefilled = await self._prefill(prefill, prompt)
         state.record_prefill(prefilled)
         finished = False
@@ -148,11 +186,13 @@ class RequestRun:
         workers = await self._pool.candidates("prefill", self._excluded)
         return await self._policy.pick_prefill(workers, prompt, self.state.cache_salt)
 
-    async def _prefill(self, prefill: Worker, prompt: list[int]) -> worker_pb2.PrefillResponse:
+    async def _prefill(self, prefill: Worker, prompt: list[int],
+                       layerwise_transfer_id: str = "") -> worker_pb2.PrefillResponse:
         sampling = self._sampling(len(prompt) - len(self.state.prompt_token_ids)) if self._stream_prefill_token \
             else None
         request = worker_pb2.PrefillRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
-                                            sampling=sampling, cache_salt=self.state.cache_salt)
+                                            sampling=sampling, cache_salt=self.state.cache_salt,
+                                            layerwise_transfer_id=layerwise_transfer_id)
         costs = self._disagg.costs
         num_to_compute = len(prompt) - self.state.decision.prefill_cached_tokens  # as the policy estimated
         queued_before = costs.queued_tokens[prefill.address]
@@ -218,6 +258,32 @@ class RequestRun:
                 handed_off = True
                 self._disagg.costs.observe_handoff(time.monotonic() - self._prefilled_at)
             yield chunk
+
+    async def _layerwise_chunks(self, prefill: Worker, decode: Worker,
+                                prompt: list[int]) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """Decode first: it reserves blocks for the prompt and reads each layer as prefill, started
+        at the same time, writes it. Either failing ends both (the other is cancelled); the caller
+        retries elsewhere."""
+        handle = layerwise_handle(prefill, len(prompt))
+        self.state.decode = decode
+        request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
+                                           sampling=self._sampling(len(prompt) - len(self.state.prompt_token_ids)),
+                                           kv=handle, cache_salt=self.state.cache_salt)
+        prefilling = asyncio.ensure_future(self._prefill(prefill, prompt, handle.transfer_id))
+        finished, handed_off = False, False
+        try:
+            async for chunk in _until_failed(self._decode_call(decode, request), prefilling):
+                if not handed_off and chunk.token_ids and prefilling.done():
+                    handed_off = True
+                    self._disagg.costs.observe_handoff(time.monotonic() - self._prefilled_at)
+                finished = finished or bool(chunk.finish_reason)
+                yield chunk
+            self.state.record_prefill(await prefilling)  # decode finished: prefill answered long before
+        finally:
+            if not prefilling.done():
+                prefilling.cancel()   # the prefill request is aborted, its blocks freed
+            if not finished:
+                self._pool.release_kv_soon(prefill, handle)   # decode may never have read it
 
     async def _decode_call(self, decode: Worker,
                            request: worker_pb2.DecodeRequest) -> AsyncIterator[worker_pb2.DecodeResponse]:

@@ -23,6 +23,7 @@ class EngineSettings(BaseModel):
     block_size: int = 32               # CPU attention needs a multiple of 32
     max_model_len: int = 4096
     max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # tokens per engine step (a longer prompt is chunked); None: vLLM's
     kv_cache_space_gib: int = 1        # VLLM_CPU_KVCACHE_SPACE
     omp_threads_bind: str = "auto"     # VLLM_CPU_OMP_THREADS_BIND ("0-1", "nobind", one range per rank: "0|1")
     tensor_parallel_size: int = 1      # ranks; each serves its share of the KV heads on kv_port + rank
@@ -239,6 +240,10 @@ class GatewaySettings(_LayeredSettings):
     # monolithic engine). "prefill": SGLang's, prefill's token streams at once and decode starts
     # from prompt + token (earlier first token, no recompute; a new seed stream from token 2 on).
     first_token_from: Literal["decode", "prefill"] = "decode"
+    # "pull": decode reads the prompt's KV once prefill is done (vLLM's P/D flow). "layerwise": decode is
+    # picked and reserves its blocks before prefill starts, and reads each layer as prefill writes it
+    # (the transfer hides behind prefill's compute; decode samples the first token, first_token_from aside).
+    kv_flow: Literal["pull", "layerwise"] = "pull"
     http_port: int | None = None        # OpenAI-compatible HTTP API; 0 picks a free port; None: off
     # Where prompts are computed (gateway/disagg.py): "remote" always on a prefill worker (P/D), "local" always
     # on the decode worker, "conditional" per request from measured costs (Dynamo's conditional disaggregation).

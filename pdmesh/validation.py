@@ -30,3 +30,12 @@ def check_sampling(sampling: common_pb2.SamplingParams, num_prompt_tokens: int, 
         raise InvalidRequest(f"temperature must be >= 0, got {sampling.temperature}")
     if not 0 <= sampling.top_p <= 1:
         raise InvalidRequest(f"top_p must be in (0, 1], got {sampling.top_p}")
+
+
+def check_transfer_id(transfer_id: str) -> None:
+    """A layer-wise transfer id ("" when the flow is not layer-wise): an unguessable capability,
+    as secrets.token_urlsafe mints them."""
+    if not transfer_id:
+        return
+    if not 16 <= len(transfer_id) <= 64 or not all(c.isascii() and (c.isalnum() or c in "-_") for c in transfer_id):
+        raise InvalidRequest("layerwise_transfer_id must be 16-64 URL-safe characters (an unguessable id)")

@@ -104,10 +104,12 @@ class PDMeshConnector(KVConnectorBase_V1):
         return None  # loads are asynchronous: the request waits in WAITING_FOR_REMOTE_KVS
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        return None  # the producer serves blocks from the paged cache itself; nothing to copy out
+        """The layer's KV is in the cache: layer-wise consumers may read it now. Nothing is copied
+        here (the producer serves blocks from the paged cache itself)."""
+        self.worker.layer_saved(layer_name)
 
     def wait_for_save(self) -> None:
-        return None
+        self.worker.step_saved()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self.worker.get_finished()
@@ -132,7 +134,7 @@ class PDMeshConnector(KVConnectorBase_V1):
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> PDMeshConnectorMetadata:
-        return self._scheduler.build_connector_meta(scheduler_output.total_num_scheduled_tokens)
+        return self._scheduler.build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         self._scheduler.update_connector_output(connector_output.kv_connector_worker_meta)

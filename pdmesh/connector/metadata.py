@@ -39,6 +39,7 @@ class RecvTask:
     extra_key: bytes = b""       # the request's cache salt: part of its blocks' content hashes
     trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kv.transfer span
     producer_tp_size: int = 1    # the producer's ranks (each serves its heads on kv_address's port + rank)
+    layerwise: bool = False      # the producer is still prefilling: read each layer as it is written
 
 
 @dataclass
@@ -58,11 +59,26 @@ class StoreLoadTask:
 
 
 @dataclass
+class LayerwiseStep:
+    """Producer, layer-wise flow: this step computes tokens [num_tokens_before, num_tokens_after)
+    of a prompt whose KV a consumer reads as each layer is written."""
+
+    transfer_id: str
+    pdmesh_request_id: str
+    block_ids: list[int]    # the request's blocks so far, in token order
+    num_tokens_before: int
+    num_tokens_after: int
+
+
+@dataclass
 class PDMeshConnectorMetadata(KVConnectorMetadata):
     sends: list[SendTask] = field(default_factory=list)
     recvs: list[RecvTask] = field(default_factory=list)
     loads: list[StoreLoadTask] = field(default_factory=list)
     num_scheduled_tokens: int = 0   # this step's tokens: the worker measures its compute rate from them
+    layerwise_steps: list[LayerwiseStep] = field(default_factory=list)
+    layerwise_restarted: list[str] = field(default_factory=list)  # transfer ids whose request was preempted
+    layerwise_ended: list[str] = field(default_factory=list)      # transfer ids that will never be held
 
 
 @dataclass

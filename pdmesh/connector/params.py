@@ -21,10 +21,15 @@ LOADED_FROM_STORE = "pdmesh_loaded_from_store"  # prefill handle: some prompt bl
 # the fields of TransferStats / StoreLoadStats. Rides the engine's own output: no RPC per request.
 REQUEST_STATS = "pdmesh_stats"
 KV_HANDLE = "pdmesh_kv"  # the KVHandle's fields
+# Prefill request, layer-wise flow: the transfer id (minted by the gateway, also given to decode)
+# its KV is published under while it is computed.
+LAYERWISE_TRANSFER_ID = "pdmesh_layerwise_transfer_id"
 
 
-def prefill_params(request_id: str, trace_carrier: dict[str, str] | None = None) -> dict[str, Any]:
-    return {DO_REMOTE_DECODE: True, PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
+def prefill_params(request_id: str, trace_carrier: dict[str, str] | None = None,
+                   layerwise_transfer_id: str = "") -> dict[str, Any]:
+    params = {DO_REMOTE_DECODE: True, PDMESH_REQUEST_ID: request_id, TRACE_CARRIER: dict(trace_carrier or {})}
+    return {**params, LAYERWISE_TRANSFER_ID: layerwise_transfer_id} if layerwise_transfer_id else params
 
 
 @dataclass(frozen=True)
@@ -40,26 +45,28 @@ class KVHandle:
     block_ids: tuple[int, ...]   # the producer's block ids, in token order
     num_tokens: int              # prompt tokens the blocks hold
     tp_size: int = 1             # the producer's tensor-parallel ranks: rank r serves on kv_address's port + r
+    layerwise: bool = False      # still prefilling: block_ids is empty, each layer is read as it is written
 
     def to_params(self) -> dict[str, Any]:
         return {"transfer_id": self.transfer_id, "kv_address": self.kv_address,
-                "block_ids": list(self.block_ids), "num_tokens": self.num_tokens, "tp_size": self.tp_size}
+                "block_ids": list(self.block_ids), "num_tokens": self.num_tokens, "tp_size": self.tp_size,
+                "layerwise": self.layerwise}
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "KVHandle":
         fields = params[KV_HANDLE]
         return cls(str(fields["transfer_id"]), str(fields["kv_address"]), tuple(int(b) for b in fields["block_ids"]),
-                   int(fields["num_tokens"]), max(1, int(fields.get("tp_size", 1))))
+                   int(fields["num_tokens"]), max(1, int(fields.get("tp_size", 1))), bool(fields.get("layerwise")))
 
     def to_proto(self, compat: common_pb2.CompatInfo) -> common_pb2.KVHandle:
         return common_pb2.KVHandle(transfer_id=self.transfer_id, kv_address=self.kv_address,
                                    block_ids=self.block_ids, num_tokens=self.num_tokens, compat=compat,
-                                   tp_size=self.tp_size)
+                                   tp_size=self.tp_size, layerwise=self.layerwise)
 
     @classmethod
     def from_proto(cls, message: common_pb2.KVHandle) -> "KVHandle":
         return cls(message.transfer_id, message.kv_address, tuple(message.block_ids), message.num_tokens,
-                   max(1, message.tp_size))
+                   max(1, message.tp_size), message.layerwise)
 
 
 def decode_params(request_id: str, handle: common_pb2.KVHandle | None,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.prompt_holders import salt_key
 from pdmesh.connector import params as kvp
+from pdmesh.connector.layerwise_steps import LayerwiseSteps
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask, StoreLoadTask
 from pdmesh.connector.store_lookup import AsyncStoreLookup
 
@@ -48,6 +49,7 @@ class ConnectorScheduler:
         self._loads: list[StoreLoadTask] = []
         self._stats: OrderedDict[str, dict] = OrderedDict()  # request id: what its pull or load did
         self._max_stats = max_stats
+        self._layerwise = LayerwiseSteps()  # producer: prompts a consumer reads layer by layer as they compute
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         params = request.kv_transfer_params
@@ -59,8 +61,11 @@ class ConnectorScheduler:
         params = request.kv_transfer_params
         if params and params.get(kvp.DO_REMOTE_PREFILL):
             self._plan_pull(request, params, blocks, num_external_tokens)
-        else:
-            self._plan_store_load(request, blocks, num_external_tokens)
+            return
+        if params and params.get(kvp.LAYERWISE_TRANSFER_ID):
+            self._layerwise.track(request.request_id, str(params[kvp.LAYERWISE_TRANSFER_ID]),
+                                  params.get(kvp.PDMESH_REQUEST_ID, request.request_id), request.num_prompt_tokens)
+        self._plan_store_load(request, blocks, num_external_tokens)
 
     # ---- producer with a KV store ----
     def _num_store_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -102,7 +107,7 @@ class ConnectorScheduler:
                                    num_computed_tokens: int) -> tuple[int, bool]:
         handle = kvp.KVHandle.from_params(params)
         num_remote_tokens = min(handle.num_tokens, request.num_prompt_tokens)
-        if len(handle.block_ids) < _cdiv(num_remote_tokens, self._block_size):
+        if not handle.layerwise and len(handle.block_ids) < _cdiv(num_remote_tokens, self._block_size):
             logger.warning("request %s: handle names too few blocks; recomputing", request.request_id)
             return 0, False
         count = num_remote_tokens - num_computed_tokens
@@ -132,6 +137,7 @@ class ConnectorScheduler:
             extra_key=_salt(request),
             trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
             producer_tp_size=handle.tp_size,
+            layerwise=handle.layerwise,
         ))
 
     # ---- both: per-request stats from the worker side ----
@@ -159,14 +165,19 @@ class ConnectorScheduler:
             params[kvp.DO_REMOTE_PREFILL] = False
             self._recvs.append(self._release_only(request, params))
             return False, stats_params
+        layerwise_transfer_id = str(params.get(kvp.LAYERWISE_TRANSFER_ID) or "")
+        block_ids = list(block_ids[0]) if block_ids and isinstance(block_ids[0], (list, tuple)) else list(block_ids)
+        held = bool(params.get(kvp.DO_REMOTE_DECODE) and self._finished_normally(request) and block_ids)
+        if layerwise_transfer_id:
+            self._layerwise.finish(request.request_id, layerwise_transfer_id, held)
         if not params.get(kvp.DO_REMOTE_DECODE) or not self._finished_normally(request):
             return False, stats_params
-        block_ids = list(block_ids[0]) if block_ids and isinstance(block_ids[0], (list, tuple)) else list(block_ids)
         if not block_ids:
             return False, None
         num_tokens = request.num_computed_tokens
         block_ids = block_ids[:_cdiv(num_tokens, self._block_size)]
-        transfer_id = secrets.token_urlsafe(18)  # the capability decode reads and frees the blocks with
+        # the capability decode reads and frees the blocks with (layer-wise: the one it already has)
+        transfer_id = layerwise_transfer_id or secrets.token_urlsafe(18)
         self._sends.append(SendTask(transfer_id, block_ids, list(request.prompt_token_ids[:num_tokens]),
                                     extra_key=_salt(request),
                                     pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
@@ -180,9 +191,12 @@ class ConnectorScheduler:
         return True, handle
 
     # ---- both ----
-    def build_connector_meta(self, num_scheduled_tokens: int = 0) -> PDMeshConnectorMetadata:
-        meta = PDMeshConnectorMetadata(sends=self._sends, recvs=self._recvs, loads=self._loads,
-                                       num_scheduled_tokens=num_scheduled_tokens)
+    def build_connector_meta(self, scheduler_output: Any = None) -> PDMeshConnectorMetadata:
+        steps, restarted, ended = self._layerwise.take(scheduler_output)
+        meta = PDMeshConnectorMetadata(
+            sends=self._sends, recvs=self._recvs, loads=self._loads,
+            num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output is not None else 0,
+            layerwise_steps=steps, layerwise_restarted=restarted, layerwise_ended=ended)
         self._sends, self._recvs, self._loads = [], [], []
         return meta
 

@@ -16,6 +16,13 @@ class TransferStats:
     num_reused_tokens: int = 0   # prompt tokens decode did not compute: local prefix hit + pulled
     num_local_tokens: int = 0    # of those, found in decode's own prefix cache
     transport: str = ""          # what moved the blocks: "shm", "mooncake" or "grpc" ("" when none moved)
+    # Layer-wise flow (pdmesh/transport/layerwise_read.py): reading time before prefill's last layer
+    # was written and from then until every block was in and verified; the share hidden.
+    layerwise: bool = False
+    num_layer_reads: int = 0
+    seconds_before_prefill_done: float = 0.0
+    seconds_after_prefill_done: float = 0.0
+    overlap_ratio: float = 0.0
 
 
 class TransferLedger:

@@ -18,11 +18,17 @@ class PDMeshWorkerExtension:
 
     def pdmesh_release_request(self, request_id: str) -> int:
         """Frees the KV a cancelled prefill request holds (or will hold once the engine registers it)."""
-        return _connector_worker().held.release_request(request_id)
+        worker = _connector_worker()
+        if worker.progress is not None:
+            worker.progress.end_request(request_id)  # layer-wise readers stop
+        return worker.held.release_request(request_id)
 
     def pdmesh_release_transfer(self, transfer_id: str) -> bool:
         """Frees a transfer no decode will pull (the gateway's release, through the Prefill service)."""
-        return _connector_worker().held.release(transfer_id)
+        worker = _connector_worker()
+        if worker.progress is not None:
+            worker.progress.end(transfer_id)
+        return worker.held.release(transfer_id)
 
     def pdmesh_counters(self) -> dict:
         """Field names of pdmesh.v1.WorkerStats."""

@@ -41,6 +41,8 @@ from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.transport.kv_links import KVLinks
 from pdmesh.transport.kv_transport import GRPC, MOONCAKE, SHM, ReadOptions
+from pdmesh.transport.layer_progress import LayerProgress
+from pdmesh.transport.layerwise_read import LayerwiseTarget, LayerwiseTiming, read_layerwise
 from pdmesh.transport.mooncake.engine import MooncakeEngine, mooncake_available, shared_engine
 from pdmesh.transport.mooncake.exporter import MooncakeKVExporter
 from pdmesh.transport.mooncake.reader import MooncakeKVReader
@@ -84,6 +86,8 @@ class ConnectorWorker:
                              if self._store_settings is not None else None)
         self._failed_block_ids: set[int] = set()
         self.held = HeldTransfers()
+        self.progress: LayerProgress | None = None  # producer: transfers read layer by layer while prefilled
+        self._layer_index: dict[str, int] = {}       # layer name: its position in the cache (and on the wire)
         self.ledger = TransferLedger()
         self.compat: common_pb2.CompatInfo | None = None
         self._paged: PagedKVCache | None = None
@@ -105,6 +109,7 @@ class ConnectorWorker:
     def _register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
         segments.sweep()  # the shared memory of pdmesh processes that died on this host
         self._paged = PagedKVCache(kv_caches, num_blocks, self._num_kv_heads, self._block_size)
+        self._layer_index = {name: index for index, name in enumerate(kv_caches)}
         self.compat = common_pb2.CompatInfo(
             model_fingerprint=model_fingerprint(self._model, self._paged.dtype, self._block_size),
             dtype=self._paged.dtype, block_size=self._block_size, layout=self._paged.layout,
@@ -117,6 +122,7 @@ class ConnectorWorker:
 
     def _serve(self) -> None:
         auth = self._transport.auth
+        self.progress = LayerProgress(self._paged.num_layers, self.held)
         if self._store_settings is not None:
             pieces = [(region.num_parts, region.part_nbytes) for region in self._paged.regions()]
             self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, pieces, auth)
@@ -129,7 +135,7 @@ class ConnectorWorker:
                                             serve_grpc=self._transport.allows(GRPC),
                                             read_run=self._paged.read_bytes,
                                             store=self.store.exports if self.store else None,
-                                            store_exporters=self._store_exporters)
+                                            store_exporters=self._store_exporters, progress=self.progress)
         self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                     extra_services=[self.store.extra_service()] if self.store else [],
                                     auth=auth)
@@ -203,16 +209,39 @@ class ConnectorWorker:
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
         if self.compute_rate is not None:
             self.compute_rate.on_step(meta.num_scheduled_tokens)
+        self._track_layerwise(meta)
         for send in meta.sends:
             send.block_hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
                                                    send.extra_key, include_partial=True)
             if self.saver is not None:
                 self.saver.submit(send)
             self._hold(send)
+            if self.progress is not None:
+                self.progress.held(send.transfer_id)  # after the hold: a Watch sees one or the other
         for recv in meta.recvs:
             self._pool.submit(self._receive, recv)
         for load in meta.loads:
             self._pool.submit(self._load, load)
+
+    def _track_layerwise(self, meta: PDMeshConnectorMetadata) -> None:
+        if self.progress is None:
+            return
+        for transfer_id in meta.layerwise_ended:
+            self.progress.end(transfer_id)
+        for transfer_id in meta.layerwise_restarted:
+            self.progress.restart(transfer_id)
+        for step in meta.layerwise_steps:
+            self.progress.start_step(step.transfer_id, step.pdmesh_request_id, step.block_ids,
+                                     step.num_tokens_before, step.num_tokens_after)
+
+    def layer_saved(self, layer_name: str) -> None:
+        """vLLM wrote this step's KV of a layer (engine thread: a dict lookup when no transfer is layer-wise)."""
+        if self.progress is not None:
+            self.progress.layer_done(self._layer_index[layer_name])
+
+    def step_saved(self) -> None:
+        if self.progress is not None:
+            self.progress.step_done()
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         finished_sending = self.held.take_finished() if self._is_producer else set()
@@ -323,6 +352,11 @@ class ConnectorWorker:
         stats.num_failed_blocks = len(task.block_indexes) - stats.num_blocks
         stats.num_local_tokens = task.num_local_tokens
         stats.num_reused_tokens = min(len(task.token_ids), task.num_local_tokens + stats.num_blocks * self._block_size)
+        if task.layerwise:
+            span.set_attributes({"pdmesh.kv.layerwise": True, "pdmesh.kv.layer_reads": stats.num_layer_reads,
+                                 "pdmesh.kv.seconds_before_prefill_done": stats.seconds_before_prefill_done,
+                                 "pdmesh.kv.seconds_after_prefill_done": stats.seconds_after_prefill_done,
+                                 "pdmesh.kv.overlap_ratio": stats.overlap_ratio})
         span.set_attributes({
             "pdmesh.kv.transport": transport, "pdmesh.kv.checksum": result, "pdmesh.kv.peer": task.kv_address,
             "pdmesh.kv.producer_tp_size": task.producer_tp_size,
@@ -342,15 +376,14 @@ class ConnectorWorker:
                                                           self._block_size, task.extra_key, include_partial=True))
         started = time.perf_counter()
         num_whole, failure, transports = len(task.block_indexes), None, []
+        timing = LayerwiseTiming() if task.layerwise else None
         for address, head_slice in self._sources(task):
             links = self._links_for(head_slice)
             num_landed = 0
             try:
                 link = links.link(address)
                 transports.append(link.transport)
-                for num_landed in links.reader(link).read_blocks(
-                        link, task.transfer_id, task.block_indexes[:num_whole], task.local_block_ids[:num_whole],
-                        expected, self._read_options(task)):
+                for num_landed in self._read(links, link, task, num_whole, expected, timing):
                     if not stats.first_block_seconds:
                         stats.first_block_seconds = time.perf_counter() - started
             except Exception as exc:  # noqa: BLE001 - reported below, once the other ranks' shares are in
@@ -362,9 +395,25 @@ class ConnectorWorker:
             num_whole = min(num_whole, num_landed)
         stats.num_blocks = num_whole
         stats.num_bytes = num_whole * self.compat.block_nbytes
+        if timing is not None:
+            stats.layerwise, stats.num_layer_reads = True, timing.num_layer_reads
+            stats.seconds_before_prefill_done = timing.seconds_before_prefill_done
+            stats.seconds_after_prefill_done = timing.seconds_after_prefill_done
+            stats.overlap_ratio = timing.overlap_ratio
         if failure is not None:
             raise failure
         return "+".join(sorted(set(transports)))
+
+    def _read(self, links: KVLinks, link, task: RecvTask, num_blocks: int, expected,
+              timing: LayerwiseTiming | None):
+        """The reads of the task's first num_blocks blocks from one producer rank (layer by layer
+        while it prefills, in the layer-wise flow)."""
+        reader, indexes, local_ids = links.reader(link), task.block_indexes[:num_blocks], task.local_block_ids[:num_blocks]
+        if timing is None:
+            return reader.read_blocks(link, task.transfer_id, indexes, local_ids, expected, self._read_options(task))
+        target = LayerwiseTarget(self._block_size, len(task.token_ids), self._paged.num_layers, self._pull_timeout_s)
+        return read_layerwise(reader, links.control, link, task.transfer_id, indexes, local_ids, expected, target,
+                              timing, self._read_options(task))
 
     def _sources(self, task: RecvTask) -> list[tuple[str, tuple[int, int]]]:
         """(KV port, head slice of the local cache it fills) of each producer rank this rank reads:

@@ -39,6 +39,10 @@ class MeshMetrics:
                                  ["role", "transport"], buckets=GBPS_BUCKETS, registry=r)
         self.kv_seconds = Histogram("pdmesh_kv_transfer_seconds", "Duration of each KV transfer",
                                     ["role", "transport"], buckets=LATENCY_BUCKETS, registry=r)
+        self.kv_overlap_ratio = Histogram("pdmesh_kv_overlap_ratio", "Layer-wise flow: share of each KV transfer's "
+                                          "time hidden behind prefill compute", ["role", "transport"],
+                                          buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
+                                          registry=r)
         self.kv_failed_blocks = Counter("pdmesh_kv_failed_blocks", "KV blocks that failed to load (recomputed)",
                                         ["role"], registry=r)
         self.queue_depth = Gauge("pdmesh_engine_queue_depth", "Requests waiting in the vLLM scheduler", ["role"],

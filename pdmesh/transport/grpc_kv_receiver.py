@@ -70,6 +70,18 @@ class GrpcKVReceiver:
         yield from receive_runs(chunks, self._compat.block_nbytes, len(block_indexes), f"transfer {transfer_id}",
                                 verify=verify, tamper=tamper)
 
+    def watch(self, address: str, transfer_id: str, seen_version: int, wait_s: float,
+              block_indexes: Sequence[int] = (), transport: str = "") -> kv_transfer_pb2.WatchResponse:
+        """A transfer still being prefilled: its progress past seen_version (layer-wise flow); once
+        held, also what an Open of block_indexes answers."""
+        request = kv_transfer_pb2.WatchRequest(transfer_id=transfer_id, compat=self._compat,
+                                               seen_version=seen_version, wait_ms=int(wait_s * 1000),
+                                               block_indexes=list(block_indexes), transport=transport)
+        try:
+            return self._stub(address).Watch(request, timeout=wait_s + self._timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise error_from_rpc_error(exc) from exc
+
     def release(self, address: str, transfer_id: str) -> None:
         self._call(self._stub(address).Release, kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id))
 

@@ -27,12 +27,14 @@ from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, it
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.transport.kv_transport import GRPC, KVExporter
+from pdmesh.transport.layer_progress import LayerProgress
 from pdmesh.tls import server_credentials
 from pdmesh.transport.mesh_auth import MeshAuth, MeshTokenInterceptor
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 BlockReader = Callable[[list[int]], np.ndarray]  # engine block ids -> (n, block_nbytes) uint8 rows
 BlockChecksums = Callable[[list[int]], list[int]]  # engine block ids -> checksum of each block's bytes
+MAX_WATCH_MS = 5000  # a Watch holds one of the server's threads at most this long
 
 
 class ExportedTransfers(Protocol):
@@ -72,6 +74,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         read_run: Callable[[list[int]], bytes] | None = None,
         store: ExportedTransfers | None = None,
         store_exporters: Sequence[KVExporter] = (),
+        progress: LayerProgress | None = None,
     ) -> None:
         self._compat = compat
         self._held = held
@@ -82,6 +85,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         self._read_run = read_run           # blocks' wire bytes in one copy from the cache (host memory)
         self._store = store                 # the node's KV store exports, if it has a store
         self._store_exporters = list(store_exporters)  # the transports that read the store's export slab
+        self._progress = progress           # transfers still being prefilled (the layer-wise flow)
         self._wait_timeout_s = wait_timeout_s
         self._chunk_nbytes = chunk_nbytes
         self._lock = threading.Lock()
@@ -167,6 +171,22 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             self._count(len(batch), nbytes, GRPC)
         return num_bytes
 
+    def Watch(self, request, context):
+        try:
+            check_readable(self._compat, request.compat)
+            if self._progress is None:
+                raise InvalidRequest("this producer has no layer-wise transfers")
+            answer = self._progress.watch(request.transfer_id, request.seen_version,
+                                          min(max(request.wait_ms, 0), MAX_WATCH_MS) / 1000)
+            if answer.held:  # what an Open would answer, in this same call
+                opened = self.Open(kv_transfer_pb2.OpenRequest(
+                    transfer_id=request.transfer_id, block_indexes=request.block_indexes, compat=request.compat,
+                    transport=request.transport), context)
+                answer.checksums[:], answer.block_hashes[:] = opened.checksums, opened.block_hashes
+            return answer
+        except PDMeshError as exc:
+            self._abort(context, exc)
+
     def Release(self, request, context):
         if self._store is not None and self._store.release(request.transfer_id):
             return kv_transfer_pb2.ReleaseResponse(released=True)
@@ -217,7 +237,7 @@ class ExtraService:
 class GrpcKVServer:
     """Owns the server; `address` is host:port actually bound."""
 
-    def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 4,
+    def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 32,
                  extra_services: Sequence[ExtraService] = (), auth: MeshAuth | None = None) -> None:
         auth = auth or MeshAuth()
         interceptors = [MeshTokenInterceptor(auth.token)] if auth.token else []

@@ -61,6 +61,11 @@ class HeldTransfers:
                 raise TransferNotFound(f"no KV held for transfer {transfer_id!r}")
             return self._held[transfer_id]
 
+    def get(self, transfer_id: str) -> HeldTransfer | None:
+        """The transfer if it is held now (no waiting)."""
+        with self._cond:
+            return self._held.get(transfer_id)
+
     def release(self, transfer_id: str) -> bool:
         """True when it freed a held transfer; False when it was not held (yet, or any more)."""
         with self._cond:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import xxhash
@@ -49,11 +50,13 @@ class RegisteredMemoryReader:
         started = self._start(link, plans[0]) if plans else None
         for number, (start, end) in enumerate(batches):
             following = self._start(link, plans[number + 1]) if number + 1 < len(plans) else None  # in flight meanwhile
+            digests = self.digest_matrix(end - start) if options.verify else None
             try:
-                landed = self._finish(link, started, list(local_block_ids[start:end]), options)
+                self._finish(link, started, digests, options)
             except BaseException:
                 self._abandon(following)
                 raise
+            landed = combine(digests) if digests is not None else None
             bad = (next((i for i, (got, sent) in enumerate(zip(landed, opened.checksums[start:end])) if got != sent),
                         None) if landed is not None else None)
             if bad is not None:
@@ -67,43 +70,63 @@ class RegisteredMemoryReader:
         if num_good < len(block_indexes):
             raise BlockHashMismatch(f"block {block_indexes[num_good]} holds other tokens than the request's")
 
+    def land_layers(self, link: PeerLink, src_ids: Sequence[int], dst_ids: Sequence[int], layers: range,
+                    digests: np.ndarray | None, options: ReadOptions = ReadOptions()) -> None:
+        """Moves `layers` of the producer's blocks src_ids[i] into local blocks dst_ids[i], now, filling
+        those layers' columns of `digests` (a row per block; None: not verifying). The layer-wise
+        flow's step (pdmesh/transport/layerwise_read.py)."""
+        copies = [replace(copy, layer=layer)
+                  for layer in layers
+                  for copy in copy_plan([link.regions[layer]], [self._local[layer]], src_ids, dst_ids)]
+        if copies:
+            self._finish(link, self._start(link, copies), digests, options)
+
+    def piece_columns(self, layers: range) -> list[int]:
+        """The columns of a digest matrix that hold `layers`' pieces."""
+        starts = piece_index(self._local)
+        return [starts[layer] + part for layer in layers for part in range(self._local[layer].num_parts)]
+
     def _start(self, link: PeerLink, copies: list[Copy]):
         """Starts moving a batch (a transport that can move one batch while the previous one is
         copied out starts it here); what it returns goes to _finish or _abandon."""
         return copies
 
-    def _finish(self, link: PeerLink, started, local_block_ids: list[int], options: ReadOptions) -> list[int] | None:
-        return self._land(link, started, local_block_ids, options)
+    def _finish(self, link: PeerLink, started, digests: np.ndarray | None, options: ReadOptions) -> None:
+        """Lands a started batch, filling `digests` (a row per block of the batch, a column per
+        piece) with the landed pieces' hashes (None: not verifying)."""
+        self._land(link, started, digests, options)
 
     def _abandon(self, started) -> None:
         """A started batch whose read is given up (an earlier one failed)."""
         return None
 
-    def _land(self, link: PeerLink, copies: list[Copy], local_block_ids: list[int],
-              options: ReadOptions) -> list[int] | None:
-        """Moves a batch; returns the checksums of the bytes that landed (None: not verifying)."""
+    def _land(self, link: PeerLink, copies: list[Copy], digests: np.ndarray | None, options: ReadOptions) -> None:
+        """Moves a batch, filling `digests` as _finish does."""
         raise NotImplementedError
 
-    def _copy_out(self, copies: Sequence[Copy], sources: Sequence[tuple[memoryview, int]], num_blocks: int,
-                  options: ReadOptions) -> list[int] | None:
+    def digest_matrix(self, num_blocks: int) -> np.ndarray:
+        """A landed-piece hash matrix for that many blocks (a column per piece, in wire order)."""
+        return np.zeros((num_blocks, sum(region.num_parts for region in self._local)), dtype=np.uint64)
+
+    def _copy_out(self, copies: Sequence[Copy], sources: Sequence[tuple[memoryview, int]],
+                  digests: np.ndarray | None, options: ReadOptions) -> None:
         """Copies each copy's bytes from its source (a view, and the offset of its first byte there)
         into the local cache, hashing each piece right after copying it, while it is still in cache
-        (a second pass over memory would cost about as much as the copy). Returns the landed
-        blocks' checksums (None when not verifying)."""
+        (a second pass over memory would cost about as much as the copy), into `digests` (row:
+        the copy's `first` and the blocks after it; None when not verifying)."""
         starts = piece_index(self._local)
-        digests = np.empty((num_blocks, starts[-1] + self._local[-1].num_parts), dtype=np.uint64)
         digest = xxhash.xxh3_64_intdigest
         for copy, (src, src_offset) in zip(copies, sources):  # memoryview slices: numpy's cost as much as a hash
             piece = self._local[copy.layer].part_nbytes
             chunk = max(1, CHUNK_NBYTES // piece) * piece
             dst = memoryview(self._local_views[copy.layer])
-            column = digests[copy.first:copy.first + copy.nbytes // piece, starts[copy.layer] + copy.part]
+            column = (digests[copy.first:copy.first + copy.nbytes // piece, starts[copy.layer] + copy.part]
+                      if digests is not None else None)
             for offset in range(0, copy.nbytes, chunk):
                 end = min(copy.nbytes, offset + chunk)
                 dst[copy.dst + offset:copy.dst + end] = src[src_offset + offset:src_offset + end]
                 if options.tamper is not None and offset == 0 and copy.first == 0:
                     options.tamper(dst[copy.dst:copy.dst + piece])
-                if options.verify:
+                if digests is not None:
                     column[offset // piece:end // piece] = [digest(dst[at:at + piece])
                                                             for at in range(copy.dst + offset, copy.dst + end, piece)]
-        return combine(digests) if options.verify else None

@@ -69,17 +69,19 @@ class CompatInfo(_message.Message):
     def __init__(self, model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., layout: _Optional[str] = ..., num_layers: _Optional[int] = ..., block_nbytes: _Optional[int] = ..., tp_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., heads_outer: _Optional[bool] = ...) -> None: ...
 
 class KVHandle(_message.Message):
-    __slots__ = ("transfer_id", "kv_address", "block_ids", "num_tokens", "compat", "tp_size")
+    __slots__ = ("transfer_id", "kv_address", "block_ids", "num_tokens", "compat", "tp_size", "layerwise")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     KV_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPAT_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYERWISE_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     kv_address: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_tokens: int
     compat: CompatInfo
     tp_size: int
-    def __init__(self, transfer_id: _Optional[str] = ..., kv_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., compat: _Optional[_Union[CompatInfo, _Mapping]] = ..., tp_size: _Optional[int] = ...) -> None: ...
+    layerwise: bool
+    def __init__(self, transfer_id: _Optional[str] = ..., kv_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., compat: _Optional[_Union[CompatInfo, _Mapping]] = ..., tp_size: _Optional[int] = ..., layerwise: _Optional[bool] = ...) -> None: ...

@@ -7,6 +7,46 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WatchRequest(_message.Message):
+    __slots__ = ("transfer_id", "compat", "seen_version", "wait_ms", "block_indexes", "transport")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPAT_FIELD_NUMBER: _ClassVar[int]
+    SEEN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_INDEXES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    compat: _common_pb2.CompatInfo
+    seen_version: int
+    wait_ms: int
+    block_indexes: _containers.RepeatedScalarFieldContainer[int]
+    transport: str
+    def __init__(self, transfer_id: _Optional[str] = ..., compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., seen_version: _Optional[int] = ..., wait_ms: _Optional[int] = ..., block_indexes: _Optional[_Iterable[int]] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ("version", "started", "block_ids", "num_ready_tokens", "num_partial_tokens", "num_partial_layers", "held", "restarts", "checksums", "block_hashes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_READY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTIAL_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    started: bool
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_ready_tokens: int
+    num_partial_tokens: int
+    num_partial_layers: int
+    held: bool
+    restarts: int
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, version: _Optional[int] = ..., started: _Optional[bool] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_ready_tokens: _Optional[int] = ..., num_partial_tokens: _Optional[int] = ..., num_partial_layers: _Optional[int] = ..., held: _Optional[bool] = ..., restarts: _Optional[int] = ..., checksums: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
 class PullRequest(_message.Message):
     __slots__ = ("transfer_id", "block_indexes", "compat")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]

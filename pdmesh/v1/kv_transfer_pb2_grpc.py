@@ -57,6 +57,11 @@ class KVTransferStub:
                 request_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_unary(
+                '/pdmesh.v1.KVTransfer/Watch',
+                request_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.WatchRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.WatchResponse.FromString,
+                _registered_method=True)
 
 
 class KVTransferServicer:
@@ -97,6 +102,15 @@ class KVTransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Layer-wise flow: how far the producer has computed a transfer it is still prefilling. Answers
+        as soon as it has more than the consumer has seen, or after wait_ms with what it has.
+        NOT_FOUND once the transfer was released or abandoned (or was never started in time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -119,6 +133,11 @@ def add_KVTransferServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.ReleaseRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=pdmesh_dot_v1_dot_kv__transfer__pb2.WatchRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_kv__transfer__pb2.WatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -232,6 +251,33 @@ class KVTransfer:
             '/pdmesh.v1.KVTransfer/Release',
             pdmesh_dot_v1_dot_kv__transfer__pb2.ReleaseRequest.SerializeToString,
             pdmesh_dot_v1_dot_kv__transfer__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.KVTransfer/Watch',
+            pdmesh_dot_v1_dot_kv__transfer__pb2.WatchRequest.SerializeToString,
+            pdmesh_dot_v1_dot_kv__transfer__pb2.WatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

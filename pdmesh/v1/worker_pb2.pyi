@@ -122,16 +122,18 @@ class ReleaseKVResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "layerwise_transfer_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    LAYERWISE_TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    layerwise_transfer_id: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., layerwise_transfer_id: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("request_id", "kv", "num_computed_tokens", "num_cached_tokens", "first_token_id", "first_text", "finish_reason", "kv_store_tokens")
@@ -175,7 +177,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds")
+    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds", "kv_seconds_before_prefill_done", "kv_seconds_after_prefill_done", "kv_overlap_ratio")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +186,9 @@ class DecodeResponse(_message.Message):
     KV_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     KV_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_FIRST_BLOCK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KV_SECONDS_BEFORE_PREFILL_DONE_FIELD_NUMBER: _ClassVar[int]
+    KV_SECONDS_AFTER_PREFILL_DONE_FIELD_NUMBER: _ClassVar[int]
+    KV_OVERLAP_RATIO_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     finish_reason: _common_pb2.FinishReason
@@ -192,4 +197,7 @@ class DecodeResponse(_message.Message):
     kv_bytes_received: int
     kv_seconds: float
     kv_first_block_seconds: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ..., kv_first_block_seconds: _Optional[float] = ...) -> None: ...
+    kv_seconds_before_prefill_done: float
+    kv_seconds_after_prefill_done: float
+    kv_overlap_ratio: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ..., kv_first_block_seconds: _Optional[float] = ..., kv_seconds_before_prefill_done: _Optional[float] = ..., kv_seconds_after_prefill_done: _Optional[float] = ..., kv_overlap_ratio: _Optional[float] = ...) -> None: ...

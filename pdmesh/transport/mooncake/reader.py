@@ -57,13 +57,11 @@ class MooncakeKVReader(RegisteredMemoryReader):
     def _start(self, link: PeerLink, copies: list[Copy]) -> _Started:
         return self._start_pieces(link, copies, [(link.regions[c.layer].base + c.src, c.nbytes) for c in copies])
 
-    def _finish(self, link: PeerLink, started: _Started, local_block_ids: list[int],
-                options: ReadOptions) -> list[int] | None:
+    def _finish(self, link: PeerLink, started: _Started, digests: np.ndarray | None, options: ReadOptions) -> None:
         self._wait(link, started)
         view = memoryview(started.slab)
         try:
-            return self._copy_out(started.copies, [(view, offset) for offset in started.offsets],
-                                  len(local_block_ids), options)
+            self._copy_out(started.copies, [(view, offset) for offset in started.offsets], digests, options)
         finally:
             self._release(started.slab)
 

@@ -24,10 +24,9 @@ class ShmKVReader(RegisteredMemoryReader):
         self._lock = threading.Lock()
         self._maps: dict[str, mmap.mmap] = {}  # shm file: its read-only mapping
 
-    def _land(self, link: PeerLink, copies: list[Copy], local_block_ids: list[int],
-              options: ReadOptions) -> list[int] | None:
+    def _land(self, link: PeerLink, copies: list[Copy], digests: np.ndarray | None, options: ReadOptions) -> None:
         sources = [memoryview(view) for view in self._sources(link)]
-        return self._copy_out(copies, [(sources[c.layer], c.src) for c in copies], len(local_block_ids), options)
+        self._copy_out(copies, [(sources[c.layer], c.src) for c in copies], digests, options)
 
     def _sources(self, link: PeerLink) -> Sequence[np.ndarray]:
         views = []

@@ -1,0 +1,149 @@
+"""Producer side of the layer-wise flow: how far each transfer still being prefilled has been
+computed, layer by layer, for consumers that read each layer as soon as it is in the cache.
+
+The engine thread reports progress (a step starts; a layer's KV is written; the step's forward
+is done) with a few integer updates under a lock; consumers long-poll it through the KV port's
+Watch (gRPC threads). Tokens [0, ready) have every layer; tokens [ready, partial) (the step being
+computed) have their first `layers` layers. Once prefill is done the transfer is held
+(pdmesh/transport/held_transfers.py) and leaves this registry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pdmesh.errors import TransferNotFound
+from pdmesh.transport.held_transfers import HeldTransfers
+from pdmesh.v1 import kv_transfer_pb2
+
+
+@dataclass
+class _Progress:
+    request_id: str
+    block_ids: list[int] = field(default_factory=list)
+    num_ready_tokens: int = 0
+    num_partial_tokens: int = 0
+    num_partial_layers: int = 0
+    restarts: int = 0
+    version: int = 1
+
+
+class LayerProgress:
+    def __init__(self, num_layers: int, held: HeldTransfers, ended_ttl_s: float = 300.0) -> None:
+        self._num_layers = num_layers
+        self._held = held
+        self._cond = threading.Condition()
+        self._progress: dict[str, _Progress] = {}   # transfer id: its progress while prefilling
+        self._in_step: list[_Progress] = []         # those the running step computes
+        self._ended: dict[str, float] = {}          # transfer id: forget after this monotonic time
+        self._ended_ttl_s = ended_ttl_s
+
+    # ---- the engine thread ----
+    def start_step(self, transfer_id: str, request_id: str, block_ids: list[int], num_tokens_before: int,
+                   num_tokens_after: int) -> None:
+        """A step computes tokens [num_tokens_before, num_tokens_after) of the transfer's prompt."""
+        with self._cond:
+            if transfer_id in self._ended:
+                return
+            progress = self._progress.setdefault(transfer_id, _Progress(request_id))
+            progress.block_ids = list(block_ids)
+            progress.num_ready_tokens = num_tokens_before
+            progress.num_partial_tokens = num_tokens_after
+            progress.num_partial_layers = 0
+            progress.version += 1
+            self._in_step.append(progress)
+            self._cond.notify_all()
+
+    def restart(self, transfer_id: str) -> None:
+        """The engine preempted the request: its blocks were freed (and may hold other KV now)."""
+        with self._cond:
+            progress = self._progress.get(transfer_id)
+            if progress is None:
+                return
+            progress.block_ids, progress.num_ready_tokens, progress.num_partial_tokens = [], 0, 0
+            progress.num_partial_layers = 0
+            progress.restarts += 1
+            progress.version += 1
+            if progress in self._in_step:
+                self._in_step.remove(progress)
+            self._cond.notify_all()
+
+    def layer_done(self, layer_index: int) -> None:
+        """The step's KV of layer `layer_index` is in the cache (vLLM's save_kv_layer)."""
+        if not self._in_step:  # no layer-wise transfer in this step: nothing to take
+            return
+        with self._cond:
+            for progress in self._in_step:
+                progress.num_partial_layers = layer_index + 1
+                progress.version += 1
+            self._cond.notify_all()
+
+    def step_done(self) -> None:
+        """The step's forward is done: every layer of its tokens is in the cache."""
+        if not self._in_step:
+            return
+        with self._cond:
+            for progress in self._in_step:
+                progress.num_ready_tokens = progress.num_partial_tokens
+                progress.num_partial_layers = self._num_layers
+                progress.version += 1
+            self._in_step = []
+            self._cond.notify_all()
+
+    def held(self, transfer_id: str) -> None:
+        """Prefill is done and the transfer is held (call after HeldTransfers.hold): Watch answers from there."""
+        self._end(transfer_id)
+
+    def end(self, transfer_id: str) -> None:
+        """The transfer will not be held (its prefill was aborted or failed): watchers get NOT_FOUND."""
+        self._end(transfer_id)
+
+    def end_request(self, request_id: str) -> None:
+        with self._cond:
+            ids = [tid for tid, progress in self._progress.items() if progress.request_id == request_id]
+        for transfer_id in ids:
+            self._end(transfer_id)
+
+    def _end(self, transfer_id: str) -> None:
+        now = time.monotonic()
+        with self._cond:
+            progress = self._progress.pop(transfer_id, None)
+            if progress is not None and progress in self._in_step:
+                self._in_step.remove(progress)
+            for old in [tid for tid, until in self._ended.items() if until <= now]:
+                del self._ended[old]
+            self._ended[transfer_id] = now + self._ended_ttl_s
+            self._cond.notify_all()
+
+    @property
+    def num_prefilling(self) -> int:
+        with self._cond:
+            return len(self._progress)
+
+    # ---- gRPC threads ----
+    def watch(self, transfer_id: str, seen_version: int, wait_s: float) -> kv_transfer_pb2.WatchResponse:
+        """The transfer's progress once its version passes seen_version (or after wait_s, as it is)."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                answer = self._answer(transfer_id)
+                left = deadline - time.monotonic()
+                if answer.version > seen_version or answer.held or left <= 0:
+                    return answer
+                self._cond.wait(left)
+
+    def _answer(self, transfer_id: str) -> kv_transfer_pb2.WatchResponse:
+        progress = self._progress.get(transfer_id)
+        if progress is not None:
+            return kv_transfer_pb2.WatchResponse(
+                version=progress.version, started=True, block_ids=progress.block_ids,
+                num_ready_tokens=progress.num_ready_tokens, num_partial_tokens=progress.num_partial_tokens,
+                num_partial_layers=progress.num_partial_layers, restarts=progress.restarts)
+        held = self._held.get(transfer_id)  # held before it left this registry: no gap between the two
+        if held is not None:
+            return kv_transfer_pb2.WatchResponse(version=1 << 62, started=True, block_ids=held.block_ids, held=True)
+        if transfer_id in self._ended:
+            raise TransferNotFound(f"transfer {transfer_id!r} was released or abandoned")
+        return kv_transfer_pb2.WatchResponse(version=0)  # not scheduled by the engine yet
