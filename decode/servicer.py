@@ -74,6 +74,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             chunk.kv_first_block_seconds = stats["first_block_seconds"]
             chunk.num_cached_tokens = stats["num_reused_tokens"]
             if stats["layerwise"]:
+                chunk.kv_layerwise = True
                 chunk.kv_seconds_before_prefill_done = stats["seconds_before_prefill_done"]
                 chunk.kv_seconds_after_prefill_done = stats["seconds_after_prefill_done"]
                 chunk.kv_overlap_ratio = stats["overlap_ratio"]

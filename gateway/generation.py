@@ -139,7 +139,7 @@ def response_of(request_id: str, chunk: worker_pb2.DecodeResponse, state: RunSta
     transfer.num_failovers = state.num_failovers
     transfer.resumed_at_token = state.resumed_at_token
     transfer.local_prefill = bool(state.decision and state.decision.local)
-    transfer.layerwise = chunk.kv_seconds_before_prefill_done > 0 or chunk.kv_seconds_after_prefill_done > 0
+    transfer.layerwise = chunk.kv_layerwise
     transfer.seconds_before_prefill_done = chunk.kv_seconds_before_prefill_done
     transfer.seconds_after_prefill_done = chunk.kv_seconds_after_prefill_done
     transfer.overlap_ratio = chunk.kv_overlap_ratio

@@ -278,7 +278,8 @@ class RequestRun:
                     self._disagg.costs.observe_handoff(time.monotonic() - self._prefilled_at)
                 finished = finished or bool(chunk.finish_reason)
                 yield chunk
-            self.state.record_prefill(await prefilling)  # decode finished: prefill answered long before
+            if prefilling.done() and not prefilling.cancelled() and prefilling.exception() is None:
+                self.state.record_prefill(prefilling.result())
         finally:
             if not prefilling.done():
                 prefilling.cancel()   # the prefill request is aborted, its blocks freed

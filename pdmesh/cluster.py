@@ -112,6 +112,11 @@ class LocalCluster:
         self._kill_group(next(p for p in self._processes if p.name == name))
         segments.sweep()
 
+    def signal(self, name: str, signum: int) -> None:
+        """Sends a signal to a process and its engine's processes (SIGSTOP / SIGCONT: a worker that
+        hangs, then comes back)."""
+        os.killpg(next(p for p in self._processes if p.name == name).popen.pid, signum)
+
     def logs(self) -> str:
         return "\n".join(f"==> {p.name} <==\n{p.log_path.read_text()[-4000:]}" for p in self._processes)
 

@@ -152,6 +152,10 @@ class KVFaultSettings(BaseModel):
     # opening it; after the first message on gRPC): the window the fault tests kill a peer in.
     stall_request_prefix: str = ""
     stall_s: float = 0.0
+    # Prefill, layer-wise flow: each engine step computing such a request's prompt takes slow_step_s
+    # longer (the window the fault tests kill or stop a worker in, mid-prefill).
+    slow_prefill_request_prefix: str = ""
+    slow_step_s: float = 0.0
 
 
 class KVTransportSettings(BaseModel):

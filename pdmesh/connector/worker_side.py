@@ -52,6 +52,7 @@ from pdmesh.transport.shm.reader import ShmKVReader
 from pdmesh.v1 import common_pb2
 
 logger = logging.getLogger(__name__)
+MAX_LAYERWISE_READS = 64
 
 
 class ConnectorWorker:
@@ -88,6 +89,7 @@ class ConnectorWorker:
         self.held = HeldTransfers()
         self.progress: LayerProgress | None = None  # producer: transfers read layer by layer while prefilled
         self._layer_index: dict[str, int] = {}       # layer name: its position in the cache (and on the wire)
+        self._slow_step = False                      # fault tests: this step is slowed (KVFaultSettings)
         self.ledger = TransferLedger()
         self.compat: common_pb2.CompatInfo | None = None
         self._paged: PagedKVCache | None = None
@@ -97,6 +99,10 @@ class ConnectorWorker:
         self._store_exporters: list = []
         self._links: dict[tuple[int, int], KVLinks] = {}  # by head slice (j, k) of the local cache they fill
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
+        # Layer-wise reads mostly wait for the producer's next layer: one thread each, up to this many
+        # at once (a read queued behind them starts late and hides less of its transfer).
+        self._layerwise_pool = ThreadPoolExecutor(max_workers=MAX_LAYERWISE_READS, thread_name_prefix="pdmesh-kv-lw",
+                                                  initializer=widen_affinity)
         # Producer: checksums of newly held blocks for the registered-memory transports, off the engine thread.
         self._checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-sum",
                                                  initializer=widen_affinity)
@@ -219,13 +225,15 @@ class ConnectorWorker:
             if self.progress is not None:
                 self.progress.held(send.transfer_id)  # after the hold: a Watch sees one or the other
         for recv in meta.recvs:
-            self._pool.submit(self._receive, recv)
+            (self._layerwise_pool if recv.layerwise else self._pool).submit(self._receive, recv)
         for load in meta.loads:
             self._pool.submit(self._load, load)
 
     def _track_layerwise(self, meta: PDMeshConnectorMetadata) -> None:
         if self.progress is None:
             return
+        slow = self._transport.kv_faults.slow_prefill_request_prefix
+        self._slow_step = bool(slow) and any(step.pdmesh_request_id.startswith(slow) for step in meta.layerwise_steps)
         for transfer_id in meta.layerwise_ended:
             self.progress.end(transfer_id)
         for transfer_id in meta.layerwise_restarted:
@@ -241,6 +249,8 @@ class ConnectorWorker:
 
     def step_saved(self) -> None:
         if self.progress is not None:
+            if self._slow_step:  # fault tests: a slow prefill, to stop or kill mid-way
+                time.sleep(self._transport.kv_faults.slow_step_s)
             self.progress.step_done()
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
@@ -279,6 +289,7 @@ class ConnectorWorker:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._layerwise_pool.shutdown(wait=True, cancel_futures=True)
         self._checksum_pool.shutdown(wait=True, cancel_futures=True)
         if self.saver is not None:
             self.saver.shutdown()

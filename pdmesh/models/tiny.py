@@ -101,6 +101,13 @@ def llama_config() -> dict:
     }
 
 
+def llama_wide_config() -> dict:
+    """For benchmarks where each layer's compute should be large next to its KV: twice the layers,
+    twice the width and KV heads of the tiny Llama (16 KiB of KV per token instead of 4)."""
+    return {**llama_config(), "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,
+            "num_attention_heads": 8, "num_key_value_heads": 4}
+
+
 def deepseek_v2_config() -> dict:
     """DeepSeek-V2-Lite-shaped: MLA (kv_lora_rank 512 + rope 64 = 576 cached values per token and
     layer), one dense layer then MoE layers with shared + routed experts."""
@@ -144,6 +151,7 @@ def _build(out_dir: Path, kind: str) -> Path:
     torch.manual_seed(WEIGHT_SEED)
     config_cls, model_cls, config = {
         "llama": ("LlamaConfig", "LlamaForCausalLM", llama_config()),
+        "llama_wide": ("LlamaConfig", "LlamaForCausalLM", llama_wide_config()),
         "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", deepseek_v2_config()),
     }[kind]
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**config)).to(torch.float32)
@@ -172,6 +180,10 @@ def _ensure(out_dir: Path, kind: str) -> Path:
 
 def ensure_llama(out_dir: Path) -> Path:
     return _ensure(out_dir, "llama")
+
+
+def ensure_llama_wide(out_dir: Path) -> Path:
+    return _ensure(out_dir, "llama_wide")
 
 
 def ensure_deepseek_v2(out_dir: Path) -> Path:

@@ -177,7 +177,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds", "kv_seconds_before_prefill_done", "kv_seconds_after_prefill_done", "kv_overlap_ratio")
+    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds", "kv_seconds_before_prefill_done", "kv_seconds_after_prefill_done", "kv_overlap_ratio", "kv_layerwise")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class DecodeResponse(_message.Message):
     KV_SECONDS_BEFORE_PREFILL_DONE_FIELD_NUMBER: _ClassVar[int]
     KV_SECONDS_AFTER_PREFILL_DONE_FIELD_NUMBER: _ClassVar[int]
     KV_OVERLAP_RATIO_FIELD_NUMBER: _ClassVar[int]
+    KV_LAYERWISE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     finish_reason: _common_pb2.FinishReason
@@ -200,4 +201,5 @@ class DecodeResponse(_message.Message):
     kv_seconds_before_prefill_done: float
     kv_seconds_after_prefill_done: float
     kv_overlap_ratio: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ..., kv_first_block_seconds: _Optional[float] = ..., kv_seconds_before_prefill_done: _Optional[float] = ..., kv_seconds_after_prefill_done: _Optional[float] = ..., kv_overlap_ratio: _Optional[float] = ...) -> None: ...
+    kv_layerwise: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ..., kv_first_block_seconds: _Optional[float] = ..., kv_seconds_before_prefill_done: _Optional[float] = ..., kv_seconds_after_prefill_done: _Optional[float] = ..., kv_overlap_ratio: _Optional[float] = ..., kv_layerwise: _Optional[bool] = ...) -> None: ...

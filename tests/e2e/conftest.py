@@ -52,6 +52,7 @@ def store_prompt_pair(scenario: str) -> tuple[list[int], list[int]]:
 # altered unchecked, and one whose altered KV the checksum catches. Sent by no other test: decode's
 # prefix cache keeps what landed.
 KV_TRANSPORTS = ["shm", "mooncake", "grpc"]
+LAYERWISE_SEED = 2027  # the layer-wise flow's equivalence prompts (token_prompts(LAYERWISE_SEED))
 TAMPER_PROMPT_TOKENS = 300
 
 
@@ -67,8 +68,10 @@ def kill_prompts(transport: str) -> tuple[list[int], list[int]]:
     return tuple([0] + [rng.randrange(3, 1024) for _ in range(499)] for _ in range(2))
 
 
-def token_prompts() -> list[list[int]]:
-    rng = random.Random(2026)
+def token_prompts(seed: int = 2026) -> list[list[int]]:
+    """A prompt of each of PROMPT_LENGTHS (another seed: other prompts, for a test whose prefix caches
+    must not hold them already)."""
+    rng = random.Random(seed)
     return [[0] + [rng.randrange(3, 1024) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
 
 
@@ -99,7 +102,8 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
     [3] greedy on LOST_KV_PROMPT, [4] greedy on the KV-store scenarios' prompt pairs (flattened),
     [5] greedy on USER_TEXT_PROMPTS, [6] greedy on USER_CHATS (vLLM's chat), [7] FAILOVER_PROMPT,
     [8] greedy on each transport's tamper_prompts (flattened, in KV_TRANSPORTS order), [9] the same
-    for kill_prompts."""
+    for kill_prompts, [10] greedy on LAYERWISE_PROMPTS, [11] as [8] for the layer-wise flow's
+    tamper_prompts(f"layerwise-{transport}"), [12] greedy on kill_prompts("layerwise")."""
     return run_reference(tiny_llama_dir, [
         {"prompts": token_prompts(), "sampling": GREEDY},
         {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
@@ -111,6 +115,10 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
         {"prompts": [FAILOVER_PROMPT], "sampling": FAILOVER_SAMPLING},
         {"prompts": [p for transport in KV_TRANSPORTS for p in tamper_prompts(transport)], "sampling": GREEDY},
         {"prompts": [p for transport in KV_TRANSPORTS for p in kill_prompts(transport)], "sampling": GREEDY},
+        {"prompts": token_prompts(LAYERWISE_SEED), "sampling": GREEDY},
+        {"prompts": [p for transport in KV_TRANSPORTS for p in tamper_prompts(f"layerwise-{transport}")],
+         "sampling": GREEDY},
+        {"prompts": list(kill_prompts("layerwise")), "sampling": GREEDY},
     ], tmp_path_factory.mktemp("reference"))
 
 

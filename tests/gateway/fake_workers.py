@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from pdmesh.grpc_server import AioServer
@@ -21,14 +23,18 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
     """Prefill answers a handle; decode echoes prompt ids back as 'generated' tokens."""
 
     def __init__(self, role: str, compat: common_pb2.CompatInfo = COMPAT, kv_address: str = "127.0.0.1:1",
-                 fail_decode: bool = False, fail_after: int | None = None) -> None:
+                 fail_decode: bool = False, fail_after: int | None = None, fail_prefill: bool = False) -> None:
         self.info = info(role, compat)
         self.kv_address = kv_address
         self.fail_decode = fail_decode
         self.fail_after = fail_after   # decode: streams this many tokens, then dies (UNAVAILABLE)
+        self.fail_prefill = fail_prefill  # prefill: dies (UNAVAILABLE) after a moment
+        self.num_cancelled = 0          # decode: calls the gateway cancelled while they waited for KV
+        self.prefilled = asyncio.Event()  # a prefill answered: a layer-wise decode waits for one
         self.prefill_finish = common_pb2.FINISH_REASON_LENGTH  # of prefill's one-token generation
         self.requests: list = []
         self.released: list[str] = []  # prefill: transfer ids the gateway released
+        self.layerwise_prefill: FakeWorker | None = None  # decode: the prefill a layer-wise request waits on
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
         add = worker_pb2_grpc.add_PrefillServicer_to_server if role == "prefill" \
@@ -40,6 +46,10 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
 
     async def Prefill(self, request, context):
         self.requests.append(request)
+        if self.fail_prefill:
+            await asyncio.sleep(0.2)  # decode is waiting for the KV meanwhile
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill engine died")
+        self.prefilled.set()
         return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
             transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
             num_tokens=len(request.prompt_token_ids), compat=self.info.compat),
@@ -53,6 +63,12 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.requests.append(request)
         if self.fail_decode:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died")
+        if request.kv.layerwise and self.layerwise_prefill is not None:
+            try:  # a real decode waits for the prompt's last layer: here, for the prefill's answer
+                await self.layerwise_prefill.prefilled.wait()
+            except asyncio.CancelledError:
+                self.num_cancelled += 1
+                raise
         for i, token_id in enumerate(request.prompt_token_ids[:request.sampling.max_tokens]):
             if i == self.fail_after:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died mid-stream")

@@ -100,3 +100,31 @@ async def test_api_keys_gate_generate_and_name_the_tenant(tiny_llama_dir):
     salts = [r.cache_salt for r in prefill.requests]
     assert salts[0] == salts[2] != salts[1] and len(salts[0]) == 32   # one salt per tenant, on both workers
     assert [r.cache_salt for r in decode.requests] == salts
+
+
+async def test_layerwise_prefill_failing_cancels_the_waiting_decode_and_retries_both(tiny_llama_dir):
+    """Layer-wise: decode waits for KV while prefill computes; the prefill dying must not leave it
+    waiting (it is cancelled, freeing its reservation) and the request is retried."""
+    dying, healthy = FakeWorker("prefill", fail_prefill=True), FakeWorker("prefill")
+    decode = FakeWorker("decode")
+    prefill_addresses = [await w.server.start("127.0.0.1", 0) for w in (dying, healthy)]
+    decode_address = await decode.server.start("127.0.0.1", 0)
+    if sorted(prefill_addresses)[0] != prefill_addresses[0]:  # round robin picks the lowest address first
+        dying.fail_prefill, healthy.fail_prefill = False, True
+        dying, healthy = healthy, dying
+    decode.layerwise_prefill = healthy
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=prefill_addresses, decode_workers=[decode_address],
+                                      tokenizer=str(tiny_llama_dir), route_policy="round_robin",
+                                      kv_flow="layerwise"))
+    address = await gateway.start()
+    try:
+        token_ids, _, last = await generate(address, make_request([0, 7, 9], max_tokens=3, request_id="r1"))
+    finally:
+        await _stop(gateway, [dying, healthy, decode])
+    assert token_ids == [0, 7, 9]
+    assert (last.transfer.num_failovers, decode.num_cancelled) == (1, 1)
+    first, second = decode.requests
+    assert (first.kv.layerwise, first.kv.transfer_id) == (True, dying.requests[0].layerwise_transfer_id)
+    assert second.kv.transfer_id == healthy.requests[0].layerwise_transfer_id != first.kv.transfer_id
+    assert len(first.kv.transfer_id) >= 24 and not first.kv.block_ids and first.kv.num_tokens == 3
+    assert dying.released == [first.kv.transfer_id]  # nothing left pinned on it, were it alive

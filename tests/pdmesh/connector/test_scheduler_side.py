@@ -97,6 +97,37 @@ def test_transfer_ids_are_minted_unguessable_not_the_request_id():
     assert all(len(transfer_id) >= 24 for transfer_id in ids)  # 18 random bytes, base64
 
 
+def test_layerwise_producer_holds_under_the_transfer_id_its_consumer_already_has():
+    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:7")
+    request = _Request("p-1", list(range(40)), kvp.prefill_params("mesh-1", layerwise_transfer_id="t" * 24),
+                       status=RequestStatus.FINISHED_LENGTH_CAPPED, num_computed_tokens=40)
+    sched.update_state_after_alloc(request, _Blocks([5, 8]), num_external_tokens=0)
+    _, handle = sched.request_finished(request, ([5, 8],))
+    assert kvp.KVHandle.from_params(handle).transfer_id == "t" * 24
+    meta = sched.build_connector_meta()
+    assert ([send.transfer_id for send in meta.sends], meta.layerwise_ended) == (["t" * 24], [])
+
+
+def test_layerwise_producer_aborted_ends_its_transfer_for_the_reading_consumer():
+    sched = ConnectorScheduler(BLOCK_SIZE, "x")
+    request = _Request("p-1", [1, 2], kvp.prefill_params("m", layerwise_transfer_id="t" * 24),
+                       status=RequestStatus.FINISHED_ABORTED, num_computed_tokens=2)
+    assert sched.request_finished(request, ([5],)) == (False, None)
+    meta = sched.build_connector_meta()
+    assert (meta.sends, meta.layerwise_ended) == ([], ["t" * 24])
+
+
+def test_layerwise_consumer_reserves_its_blocks_before_any_producer_block_is_named():
+    sched = ConnectorScheduler(BLOCK_SIZE, "x")
+    handle = kvp.KVHandle("t" * 24, "127.0.0.1:9", (), 100, layerwise=True)
+    request = _Request("d-1", list(range(100)),
+                       {kvp.DO_REMOTE_PREFILL: True, kvp.PDMESH_REQUEST_ID: "mesh-1", **kvp.handle_params(handle)})
+    assert sched.get_num_new_matched_tokens(request, 0) == (100, True)
+    sched.update_state_after_alloc(request, _Blocks([20, 21, 22, 23]), num_external_tokens=100)
+    (task,) = sched.build_connector_meta().recvs
+    assert (task.layerwise, task.block_indexes, task.local_block_ids) == (True, [0, 1, 2, 3], [20, 21, 22, 23])
+
+
 def test_producer_frees_aborted_requests_at_once():
     sched = ConnectorScheduler(BLOCK_SIZE, "x")
     request = _Request("p-1", [1, 2], kvp.prefill_params("m"), status=RequestStatus.FINISHED_ABORTED,

@@ -1,0 +1,96 @@
+"""The producer's layer-by-layer progress of transfers still being prefilled, as Watch answers it."""
+
+import threading
+import time
+
+import pytest
+
+from pdmesh.errors import TransferNotFound
+from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.transport.layer_progress import LayerProgress
+
+NUM_LAYERS = 4
+
+
+@pytest.fixture
+def held() -> HeldTransfers:
+    return HeldTransfers()
+
+
+@pytest.fixture
+def progress(held) -> LayerProgress:
+    return LayerProgress(NUM_LAYERS, held)
+
+
+def _fields(answer):
+    return (answer.started, list(answer.block_ids), answer.num_ready_tokens, answer.num_partial_tokens,
+            answer.num_partial_layers, answer.held, answer.restarts)
+
+
+def test_a_step_reports_each_layer_then_every_layer_of_its_tokens(progress):
+    progress.start_step("t1", "r1", [7, 8], num_tokens_before=0, num_tokens_after=40)
+    first = progress.watch("t1", 0, wait_s=0)
+    assert _fields(first) == (True, [7, 8], 0, 40, 0, False, 0)
+    progress.layer_done(0)
+    progress.layer_done(1)
+    second = progress.watch("t1", first.version, wait_s=0)
+    assert second.version > first.version and _fields(second) == (True, [7, 8], 0, 40, 2, False, 0)
+    progress.step_done()
+    assert _fields(progress.watch("t1", second.version, wait_s=0)) == (True, [7, 8], 40, 40, NUM_LAYERS, False, 0)
+    progress.start_step("t1", "r1", [7, 8, 9], num_tokens_before=40, num_tokens_after=70)  # the next chunk
+    assert _fields(progress.watch("t1", 0, wait_s=0)) == (True, [7, 8, 9], 40, 70, 0, False, 0)
+
+
+def test_layers_of_a_step_without_layerwise_transfers_change_nothing(progress):
+    progress.layer_done(3)
+    progress.step_done()
+    assert progress.watch("t1", 0, wait_s=0).version == 0  # unknown: not scheduled yet
+
+
+def test_a_watch_waits_for_the_next_layer_and_wakes_on_it(progress):
+    progress.start_step("t1", "r1", [7], 0, 20)
+    seen = progress.watch("t1", 0, wait_s=0).version
+    threading.Timer(0.1, progress.layer_done, args=(0,)).start()
+    started = time.monotonic()
+    answer = progress.watch("t1", seen, wait_s=5)
+    assert answer.num_partial_layers == 1 and time.monotonic() - started < 2
+
+
+def test_a_watch_without_progress_answers_what_it_has_after_its_wait(progress):
+    progress.start_step("t1", "r1", [7], 0, 20)
+    seen = progress.watch("t1", 0, wait_s=0).version
+    started = time.monotonic()
+    assert progress.watch("t1", seen, wait_s=0.2).version == seen
+    assert time.monotonic() - started >= 0.19
+
+
+def test_once_held_the_answer_is_the_held_transfers_blocks(progress, held):
+    progress.start_step("t1", "r1", [7, 8], 0, 40)
+    progress.step_done()
+    held.hold(HeldTransfer("t1", (7, 8), (b"a", b"b"), deadline=1e18))
+    progress.held("t1")
+    answer = progress.watch("t1", 0, wait_s=0)
+    assert (answer.held, list(answer.block_ids)) == (True, [7, 8])
+    assert progress.num_prefilling == 0
+    held.release("t1")
+    with pytest.raises(TransferNotFound):  # released: nothing to read any more
+        progress.watch("t1", 0, wait_s=0)
+
+
+def test_an_ended_transfer_is_not_found_and_its_watchers_wake(progress):
+    progress.start_step("t1", "r1", [7], 0, 20)
+    threading.Timer(0.1, progress.end_request, args=("r1",)).start()
+    with pytest.raises(TransferNotFound):
+        progress.watch("t1", 10**6, wait_s=5)
+    progress.start_step("t1", "r1", [7], 0, 20)  # a late step of an ended transfer is ignored
+    with pytest.raises(TransferNotFound):
+        progress.watch("t1", 0, wait_s=0)
+
+
+def test_a_preempted_request_restarts_from_no_blocks(progress):
+    progress.start_step("t1", "r1", [7, 8], 0, 40)
+    progress.step_done()
+    progress.restart("t1")
+    assert _fields(progress.watch("t1", 0, wait_s=0)) == (True, [], 0, 0, 0, False, 1)
+    progress.layer_done(2)  # it is no longer in the running step
+    assert progress.watch("t1", 0, wait_s=0).num_partial_layers == 0
