@@ -9,7 +9,8 @@ and four times the KV per token, built locally, where each layer's compute is la
 (1 prefill, 1 decode, shared memory); requests alternate between the cluster's gateway (pull) and
 one in this process (layerwise), with fresh prompts. Reports per prompt length: median TTFT of
 each flow, pull's measured transfer time, the layer-wise overlap ratio, and whether layer-wise TTFT
-<= pull TTFT - 0.8 x pull's transfer time (>= 80% of the transfer hidden). Writes JSON + PNG.
+<= pull TTFT - 0.8 x pull's transfer time (>= 80% of the transfer hidden). Writes
+bench/report/layerwise.{json,png}.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import random_prompts, write_results
+from bench.common import REPORT_DIR, random_prompts, write_results
 from gateway.server import Gateway
 from pdmesh.client import make_request, stream_generate
 from pdmesh.cluster import LocalCluster
@@ -135,7 +136,7 @@ def main() -> None:
                   f"{row['layerwise_ttft_ms']:.1f} ms (saved {row['ttft_saved_ms']:.1f} ms = "
                   f"{row['share_of_pull_transfer_saved']:.2f}x pull's transfer of {row['pull_transfer_ms']:.1f} ms); "
                   f"overlap {row['overlap_ratio']:.2f}; target {'met' if row['target_met'] else 'missed'}")
-    json_path = write_results("layerwise", results)
+    json_path = write_results("layerwise", results, REPORT_DIR)
     png_path = json_path.with_suffix(".png")
     _plot(results, png_path)
     print(f"wrote {json_path} and {png_path}")

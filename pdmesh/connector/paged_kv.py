@@ -71,17 +71,18 @@ class PagedKVCache:
         """A fresh contiguous copy of one block across all layers."""
         return memoryview(self.read_blocks([block_id])[0].numpy())
 
-    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+    def read_blocks(self, block_ids: list[int], layers: range | None = None) -> torch.Tensor:
         """One batched copy of many blocks: a (len(block_ids), block_nbytes) uint8 tensor on the host,
-        row i the wire bytes of block_ids[i]. One gather per layer (C++, GIL released), not one
-        Python-level copy per block and layer."""
+        row i the wire bytes of block_ids[i] (of `layers` only, if given). One gather per layer (C++,
+        GIL released), not one Python-level copy per block and layer."""
         for block_id in block_ids:
             self._check(block_id)
-        out = torch.empty((len(block_ids), self.block_nbytes), dtype=torch.uint8)
+        chosen = self._layers if layers is None else self._layers[layers.start:layers.stop]
+        out = torch.empty((len(block_ids), sum(layer.block_nbytes for layer in chosen)), dtype=torch.uint8)
         if not block_ids:
             return out
         offset = 0
-        for layer in self._layers:
+        for layer in chosen:
             index = torch.tensor(block_ids, dtype=torch.long, device=layer.tensor.device)
             gathered = layer.tensor.index_select(layer.block_dim, index)  # block axis first or second
             if layer.block_dim != 0:
@@ -96,20 +97,22 @@ class PagedKVCache:
             raise InvalidRequest(f"block payload {len(payload)} bytes, expected {self.block_nbytes}")
         self.write_blocks([block_id], torch.frombuffer(payload, dtype=torch.uint8).view(1, -1))
 
-    def write_blocks(self, block_ids: list[int], rows: torch.Tensor, head_slice: tuple[int, int] = WHOLE) -> None:
+    def write_blocks(self, block_ids: list[int], rows: torch.Tensor, head_slice: tuple[int, int] = WHOLE,
+                     layers: range | None = None) -> None:
         """The inverse of read_blocks: row i of `rows` ((n, block_nbytes) uint8) into block_ids[i],
-        one scatter per layer. With head_slice (j, k) the rows are a producer rank's blocks
-        (block_nbytes / k each) and fill the j-th of k head ranges."""
+        one scatter per layer (of `layers` only, if given). With head_slice (j, k) the rows are a
+        producer rank's blocks (block_nbytes / k each) and fill the j-th of k head ranges."""
         for block_id in block_ids:
             self._check(block_id)
         part, num_slices = head_slice
-        row_nbytes = self._slice_nbytes(num_slices)
+        chosen = self._layers if layers is None else self._layers[layers.start:layers.stop]
+        row_nbytes = self._slice_nbytes(num_slices) * sum(layer.block_nbytes for layer in chosen) // self.block_nbytes
         if tuple(rows.shape) != (len(block_ids), row_nbytes):
             raise InvalidRequest(f"block rows of shape {tuple(rows.shape)}, expected ({len(block_ids)}, {row_nbytes})")
         if not block_ids:
             return
         offset = 0
-        for layer in self._layers:
+        for layer in chosen:
             index = torch.tensor(block_ids, dtype=torch.long, device=layer.tensor.device)
             target = layer.tensor
             if num_slices > 1:

@@ -141,7 +141,8 @@ class ConnectorWorker:
                                             serve_grpc=self._transport.allows(GRPC),
                                             read_run=self._paged.read_bytes,
                                             store=self.store.exports if self.store else None,
-                                            store_exporters=self._store_exporters, progress=self.progress)
+                                            store_exporters=self._store_exporters, progress=self.progress,
+                                            read_layers=lambda ids, layers: self._paged.read_blocks(ids, layers).numpy())
         self._server = GrpcKVServer(self._servicer, self._kv_host, self._kv_port,
                                     extra_services=[self.store.extra_service()] if self.store else [],
                                     auth=auth)
@@ -202,8 +203,9 @@ class ConnectorWorker:
         if paged.in_place and self._transport.allows(MOONCAKE) and mooncake_available():
             readers.append(MooncakeKVReader(self._mooncake_engine(), control, regions, views))
         if self._transport.allows(GRPC):
-            readers.append(GrpcKVReader(control, lambda ids, rows: paged.write_blocks(ids, torch.from_numpy(rows),
-                                                                                      head_slice)))
+            pieces = [(region.num_parts, region.part_nbytes // head_slice[1]) for region in paged.regions()]
+            readers.append(GrpcKVReader(control, lambda ids, rows, layers=None: paged.write_blocks(
+                ids, torch.from_numpy(rows), head_slice, layers), pieces))
         if not readers:
             raise RuntimeError(f"kv_transport={self._transport.kv_transport} is not available in this process")
         return readers

@@ -1,5 +1,6 @@
 """The gRPC transport's reader: the producer streams the blocks' bytes; each message's blocks land
-with one call of `write_rows` (one scatter per layer)."""
+with one call of `write_rows` (one scatter per layer). In the layer-wise flow it reads the layers
+prefill has written so far, a message of whole layer runs at a time."""
 
 from __future__ import annotations
 
@@ -7,21 +8,52 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+import xxhash
 
 from pdmesh.errors import BlockHashMismatch, WorkerFailed
 from pdmesh.transport.chunking import rows_of
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.kv_transport import GRPC, PeerLink, ReadOptions
 
-RowWriter = Callable[[list[int], np.ndarray], None]  # local block ids, their (n, block_nbytes) uint8 rows
+RowWriter = Callable[..., None]  # local block ids, their (n, block_nbytes) uint8 rows[, layers]
 
 
 class GrpcKVReader:
     transport = GRPC
 
-    def __init__(self, control: GrpcKVReceiver, write_rows: RowWriter) -> None:
+    def __init__(self, control: GrpcKVReceiver, write_rows: RowWriter,
+                 pieces: Sequence[tuple[int, int]] = ()) -> None:
+        """pieces: (num_parts, part_nbytes) of each layer of a block, as it travels (layer-wise reads
+        hash each landed piece, like the registered-memory readers)."""
         self._control = control
         self._write_rows = write_rows
+        self._pieces = list(pieces)
+
+    def digest_matrix(self, num_blocks: int) -> np.ndarray:
+        return np.zeros((num_blocks, sum(num_parts for num_parts, _ in self._pieces)), dtype=np.uint64)
+
+    def piece_columns(self, layers: range) -> list[int]:
+        starts = np.cumsum([0] + [num_parts for num_parts, _ in self._pieces]).tolist()
+        return [column for layer in layers for column in range(starts[layer], starts[layer + 1])]
+
+    def land_layers(self, link: PeerLink, transfer_id: str, block_indexes: Sequence[int], src_ids: Sequence[int],
+                    dst_ids: Sequence[int], layers: range, digests: np.ndarray | None,
+                    options: ReadOptions = ReadOptions()) -> None:
+        """`layers` of the transfer's blocks at block_indexes into local blocks dst_ids, their pieces'
+        hashes into those layers' columns of `digests` (a row per block; None: not verifying)."""
+        columns = self.piece_columns(layers)
+        piece_nbytes = [part_nbytes for layer in layers for part_nbytes in [self._pieces[layer][1]] * self._pieces[layer][0]]
+        offsets = np.cumsum([0] + piece_nbytes).tolist()
+        num_landed = 0
+        for blocks in self._control.pull_runs(link.address, transfer_id, block_indexes, options.verify,
+                                              options.tamper, layers):
+            rows = rows_of(blocks)
+            self._write_rows(list(dst_ids[num_landed:num_landed + len(blocks)]), rows, layers)
+            if digests is not None:
+                for row_index, row in enumerate(rows):
+                    digests[num_landed + row_index, columns] = [
+                        xxhash.xxh3_64_intdigest(row[start:end]) for start, end in zip(offsets, offsets[1:])]
+            num_landed += len(blocks)
 
     def read_blocks(self, link: PeerLink, transfer_id: str, block_indexes: Sequence[int],
                     local_block_ids: Sequence[int], expected_hashes: Sequence[bytes],

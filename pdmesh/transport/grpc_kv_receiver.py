@@ -62,10 +62,12 @@ class GrpcKVReceiver:
             yield from blocks
 
     def pull_runs(self, address: str, transfer_id: str, block_indexes: Sequence[int],
-                  verify: bool = True, tamper=None) -> Iterator[list[AssembledBlock]]:
-        """pull, a message's worth of blocks at a time (chunking.rows_of gives their rows)."""
+                  verify: bool = True, tamper=None, layers: range | None = None) -> Iterator[list[AssembledBlock]]:
+        """pull, a message's worth of blocks at a time (chunking.rows_of gives their rows); with
+        `layers`, only those layers of each block (layer-wise flow: no content hashes)."""
         request = kv_transfer_pb2.PullRequest(
-            transfer_id=transfer_id, block_indexes=list(block_indexes), compat=self._compat)
+            transfer_id=transfer_id, block_indexes=list(block_indexes), compat=self._compat,
+            first_layer=layers.start if layers else 0, end_layer=layers.stop if layers else 0)
         chunks = self._stub(address).Pull(request, timeout=self._timeout_s, metadata=self._metadata)
         yield from receive_runs(chunks, self._compat.block_nbytes, len(block_indexes), f"transfer {transfer_id}",
                                 verify=verify, tamper=tamper)

@@ -75,6 +75,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         store: ExportedTransfers | None = None,
         store_exporters: Sequence[KVExporter] = (),
         progress: LayerProgress | None = None,
+        read_layers: Callable[[list[int], range], np.ndarray] | None = None,
     ) -> None:
         self._compat = compat
         self._held = held
@@ -86,6 +87,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         self._store = store                 # the node's KV store exports, if it has a store
         self._store_exporters = list(store_exporters)  # the transports that read the store's export slab
         self._progress = progress           # transfers still being prefilled (the layer-wise flow)
+        self._read_layers = read_layers     # engine block ids, layers -> those layers' rows (gRPC layer reads)
         self._wait_timeout_s = wait_timeout_s
         self._chunk_nbytes = chunk_nbytes
         self._lock = threading.Lock()
@@ -133,6 +135,9 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                                                 block_hashes=[transfer.block_hashes[i] for i in request.block_indexes])
 
     def Pull(self, request, context):
+        if request.end_layer:
+            yield from self._pull_layers(request, context)
+            return
         with tracer().start_as_current_span("kv.serve") as span:
             span.set_attribute("pdmesh.kv.transfer_id", request.transfer_id)
             try:
@@ -148,6 +153,23 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 if exported:
                     self._store.unlease(request.transfer_id)
             span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
+
+    def _pull_layers(self, request: kv_transfer_pb2.PullRequest, context):
+        """Layer-wise flow over gRPC: layers [first_layer, end_layer) of blocks of a transfer that may
+        still be prefilling (what was written of them; the held answer's checksums catch the rest)."""
+        try:
+            check_readable(self._compat, request.compat)
+            if self._progress is None or self._read_layers is None:
+                raise InvalidRequest("this producer has no layer-wise transfers")
+            if not 0 <= request.first_layer < request.end_layer <= self._compat.num_layers:
+                raise InvalidRequest(f"layers [{request.first_layer}, {request.end_layer}) outside "
+                                     f"[0, {self._compat.num_layers})")
+            block_ids = self._progress.block_ids(request.transfer_id, list(request.block_indexes))
+        except PDMeshError as exc:
+            self._abort(context, exc)
+        rows = self._read_layers(block_ids, range(request.first_layer, request.end_layer))
+        yield from iter_chunks(list(request.block_indexes), rows, [b""] * len(block_ids), self._chunk_nbytes)
+        self._count(0, rows.nbytes, GRPC)
 
     def _stream(self, transfer: HeldTransfer, exported: bool, indexes: list[int]):
         """Yields the chunks of the transfer's blocks at `indexes`; returns the bytes sent."""
@@ -179,10 +201,14 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             answer = self._progress.watch(request.transfer_id, request.seen_version,
                                           min(max(request.wait_ms, 0), MAX_WATCH_MS) / 1000)
             if answer.held:  # what an Open would answer, in this same call
-                opened = self.Open(kv_transfer_pb2.OpenRequest(
-                    transfer_id=request.transfer_id, block_indexes=request.block_indexes, compat=request.compat,
-                    transport=request.transport), context)
-                answer.checksums[:], answer.block_hashes[:] = opened.checksums, opened.block_hashes
+                transfer, _ = self._open_transfer(request)
+                indexes = list(request.block_indexes)
+                block_ids = [transfer.block_ids[i] for i in indexes]
+                answer.checksums[:] = self._checksums(transfer, indexes, block_ids)
+                answer.block_hashes[:] = [transfer.block_hashes[i] for i in indexes]
+                # gRPC layer reads counted their bytes as they went
+                self._count(len(indexes), 0 if request.transport == GRPC else len(indexes) * self._compat.block_nbytes,
+                            request.transport or "unknown")
             return answer
         except PDMeshError as exc:
             self._abort(context, exc)

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pdmesh.errors import TransferNotFound
+from pdmesh.errors import InvalidRequest, TransferNotFound
 from pdmesh.transport.held_transfers import HeldTransfers
 from pdmesh.v1 import kv_transfer_pb2
 
@@ -133,6 +133,20 @@ class LayerProgress:
                 if answer.version > seen_version or answer.held or left <= 0:
                     return answer
                 self._cond.wait(left)
+
+    def block_ids(self, transfer_id: str, block_indexes: list[int]) -> list[int]:
+        """The producer's blocks at those positions of a transfer being prefilled or held (what a
+        layer read may read: only that transfer's blocks)."""
+        with self._cond:
+            progress = self._progress.get(transfer_id)
+            held = self._held.get(transfer_id) if progress is None else None
+            if progress is None and held is None:
+                raise TransferNotFound(f"no KV held or being prefilled for transfer {transfer_id!r}")
+            every = progress.block_ids if progress is not None else held.block_ids
+        bad = [i for i in block_indexes if not 0 <= i < len(every)]
+        if bad:
+            raise InvalidRequest(f"transfer {transfer_id}: block indexes {bad} outside [0, {len(every)})")
+        return [every[i] for i in block_indexes]
 
     def _answer(self, transfer_id: str) -> kv_transfer_pb2.WatchResponse:
         progress = self._progress.get(transfer_id)

@@ -8,8 +8,8 @@ wrong-KV guarantees of the pull flow hold unchanged.
 The consumer moves the bytes (it reads from the producer's memory, shared or registered), so no
 write can land in its cache after it gave a reservation up: a stalled producer cannot corrupt
 blocks vLLM has handed to another request (kvcache-ai/Mooncake#4247: a transfer cannot be
-cancelled). A transport without layer reads (gRPC) waits until the blocks are held and reads them
-whole.
+cancelled). Over gRPC the producer streams the layers asked for (KVTransfer.Pull with a layer
+range).
 """
 
 from __future__ import annotations
@@ -56,30 +56,10 @@ def read_layerwise(reader: KVReader, control: GrpcKVReceiver, link: PeerLink, tr
                    block_indexes: Sequence[int], local_block_ids: Sequence[int], expected_hashes: Sequence[bytes],
                    target: LayerwiseTarget, timing: LayerwiseTiming,
                    options: ReadOptions = ReadOptions()) -> Iterator[int]:
-    """read_blocks' contract, for a transfer still being prefilled."""
-    if not hasattr(reader, "land_layers"):
-        wait_until_held(control, link.address, transfer_id, target, timing)
-        started = time.perf_counter()
-        try:
-            yield from reader.read_blocks(link, transfer_id, block_indexes, local_block_ids, expected_hashes, options)
-        finally:
-            timing.seconds_after_prefill_done = time.perf_counter() - started
-        return
+    """read_blocks' contract, for a transfer still being prefilled (the reader moves the layers:
+    land_layers)."""
     yield from _LayerwiseRead(reader, control, link, transfer_id, block_indexes, local_block_ids, target, timing,
                               options).run(expected_hashes)
-
-
-def wait_until_held(control: GrpcKVReceiver, address: str, transfer_id: str, target: LayerwiseTarget,
-                    timing: LayerwiseTiming) -> kv_transfer_pb2.WatchResponse:
-    version, idle_until = 0, time.monotonic() + target.idle_timeout_s
-    while True:
-        answer = control.watch(address, transfer_id, version, WATCH_WAIT_S)
-        if answer.held:
-            return answer
-        if answer.version != version:
-            version, idle_until = answer.version, time.monotonic() + target.idle_timeout_s
-        elif time.monotonic() > idle_until:
-            raise WorkerFailed(f"transfer {transfer_id}: no prefill progress for {target.idle_timeout_s:.0f} s")
 
 
 class _LayerwiseRead:
@@ -161,8 +141,8 @@ class _LayerwiseRead:
     def _land(self, positions: list[int], producer_ids: list[int], layers: range) -> None:
         started = time.perf_counter()
         digests = self._reader.digest_matrix(len(positions)) if self._digests is not None else None
-        self._reader.land_layers(self._link, producer_ids, [self._local_ids[p] for p in positions], layers,
-                                 digests, self._options)
+        self._reader.land_layers(self._link, self._transfer_id, [self._indexes[p] for p in positions], producer_ids,
+                                 [self._local_ids[p] for p in positions], layers, digests, self._options)
         if digests is not None:
             columns = self._reader.piece_columns(layers)
             self._digests[np.ix_(positions, columns)] = digests[:, columns]

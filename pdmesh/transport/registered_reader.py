@@ -70,11 +70,12 @@ class RegisteredMemoryReader:
         if num_good < len(block_indexes):
             raise BlockHashMismatch(f"block {block_indexes[num_good]} holds other tokens than the request's")
 
-    def land_layers(self, link: PeerLink, src_ids: Sequence[int], dst_ids: Sequence[int], layers: range,
-                    digests: np.ndarray | None, options: ReadOptions = ReadOptions()) -> None:
-        """Moves `layers` of the producer's blocks src_ids[i] into local blocks dst_ids[i], now, filling
-        those layers' columns of `digests` (a row per block; None: not verifying). The layer-wise
-        flow's step (pdmesh/transport/layerwise_read.py)."""
+    def land_layers(self, link: PeerLink, transfer_id: str, block_indexes: Sequence[int], src_ids: Sequence[int],
+                    dst_ids: Sequence[int], layers: range, digests: np.ndarray | None,
+                    options: ReadOptions = ReadOptions()) -> None:
+        """Moves `layers` of the transfer's blocks at block_indexes (the producer's blocks src_ids)
+        into local blocks dst_ids, now, filling those layers' columns of `digests` (a row per block;
+        None: not verifying). The layer-wise flow's step (pdmesh/transport/layerwise_read.py)."""
         copies = [replace(copy, layer=layer)
                   for layer in layers
                   for copy in copy_plan([link.regions[layer]], [self._local[layer]], src_ids, dst_ids)]

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdmesh/v1/kv_transfer.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x9b\x01\n\x0cWatchRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12%\n\x06\x63ompat\x18\x02 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x14\n\x0cseen_version\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x05\x12\x15\n\rblock_indexes\x18\x05 \x03(\x05\x12\x11\n\ttransport\x18\x06 \x01(\t\"\xdf\x01\n\rWatchResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07started\x18\x02 \x01(\x08\x12\x11\n\tblock_ids\x18\x03 \x03(\x05\x12\x18\n\x10num_ready_tokens\x18\x04 \x01(\x05\x12\x1a\n\x12num_partial_tokens\x18\x05 \x01(\x05\x12\x1a\n\x12num_partial_layers\x18\x06 \x01(\x05\x12\x0c\n\x04held\x18\x07 \x01(\x08\x12\x10\n\x08restarts\x18\x08 \x01(\x05\x12\x11\n\tchecksums\x18\t \x03(\x04\x12\x14\n\x0c\x62lock_hashes\x18\n \x03(\x0c\"`\n\x0bPullRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indexes\x18\x02 \x03(\x05\x12%\n\x06\x63ompat\x18\x03 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\"\xd2\x01\n\x07KVChunk\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0c\x62lock_nbytes\x18\x04 \x01(\x03\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\x04\x12\x12\n\nblock_hash\x18\x07 \x01(\x0c\x12\x19\n\x11run_block_indexes\x18\x08 \x03(\x05\x12\x15\n\rrun_checksums\x18\t \x03(\x04\x12\x18\n\x10run_block_hashes\x18\n \x03(\x0c\"%\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x90\x01\n\x0bLayerRegion\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x04\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_stride\x18\x03 \x01(\x04\x12\x13\n\x0bpart_stride\x18\x04 \x01(\x04\x12\x11\n\tnum_parts\x18\x05 \x01(\x05\x12\x13\n\x0bpart_nbytes\x18\x06 \x01(\x04\x12\x10\n\x08shm_path\x18\x07 \x01(\t\"m\n\x10HandshakeRequest\x12%\n\x06\x63ompat\x18\x01 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x12\n\ntransports\x18\x02 \x03(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\r\n\x05store\x18\x04 \x01(\x08\"i\n\x11HandshakeResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\'\n\x07regions\x18\x02 \x03(\x0b\x32\x16.pdmesh.v1.LayerRegion\x12\x18\n\x10mooncake_session\x18\x03 \x01(\t\"s\n\x0bOpenRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indexes\x18\x02 \x03(\x05\x12%\n\x06\x63ompat\x18\x03 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x11\n\ttransport\x18\x04 \x01(\t\"J\n\x0cOpenResponse\x12\x11\n\tblock_ids\x18\x01 \x03(\x05\x12\x11\n\tchecksums\x18\x02 \x03(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\x32\xc1\x02\n\nKVTransfer\x12\x46\n\tHandshake\x12\x1b.pdmesh.v1.HandshakeRequest\x1a\x1c.pdmesh.v1.HandshakeResponse\x12\x37\n\x04Open\x12\x16.pdmesh.v1.OpenRequest\x1a\x17.pdmesh.v1.OpenResponse\x12\x34\n\x04Pull\x12\x16.pdmesh.v1.PullRequest\x1a\x12.pdmesh.v1.KVChunk0\x01\x12@\n\x07Release\x12\x19.pdmesh.v1.ReleaseRequest\x1a\x1a.pdmesh.v1.ReleaseResponse\x12:\n\x05Watch\x12\x17.pdmesh.v1.WatchRequest\x1a\x18.pdmesh.v1.WatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdmesh/v1/kv_transfer.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x9b\x01\n\x0cWatchRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12%\n\x06\x63ompat\x18\x02 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x14\n\x0cseen_version\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x05\x12\x15\n\rblock_indexes\x18\x05 \x03(\x05\x12\x11\n\ttransport\x18\x06 \x01(\t\"\xdf\x01\n\rWatchResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07started\x18\x02 \x01(\x08\x12\x11\n\tblock_ids\x18\x03 \x03(\x05\x12\x18\n\x10num_ready_tokens\x18\x04 \x01(\x05\x12\x1a\n\x12num_partial_tokens\x18\x05 \x01(\x05\x12\x1a\n\x12num_partial_layers\x18\x06 \x01(\x05\x12\x0c\n\x04held\x18\x07 \x01(\x08\x12\x10\n\x08restarts\x18\x08 \x01(\x05\x12\x11\n\tchecksums\x18\t \x03(\x04\x12\x14\n\x0c\x62lock_hashes\x18\n \x03(\x0c\"\x88\x01\n\x0bPullRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indexes\x18\x02 \x03(\x05\x12%\n\x06\x63ompat\x18\x03 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x13\n\x0b\x66irst_layer\x18\x04 \x01(\x05\x12\x11\n\tend_layer\x18\x05 \x01(\x05\"\xd2\x01\n\x07KVChunk\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0c\x62lock_nbytes\x18\x04 \x01(\x03\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\x04\x12\x12\n\nblock_hash\x18\x07 \x01(\x0c\x12\x19\n\x11run_block_indexes\x18\x08 \x03(\x05\x12\x15\n\rrun_checksums\x18\t \x03(\x04\x12\x18\n\x10run_block_hashes\x18\n \x03(\x0c\"%\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x90\x01\n\x0bLayerRegion\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x04\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_stride\x18\x03 \x01(\x04\x12\x13\n\x0bpart_stride\x18\x04 \x01(\x04\x12\x11\n\tnum_parts\x18\x05 \x01(\x05\x12\x13\n\x0bpart_nbytes\x18\x06 \x01(\x04\x12\x10\n\x08shm_path\x18\x07 \x01(\t\"m\n\x10HandshakeRequest\x12%\n\x06\x63ompat\x18\x01 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x12\n\ntransports\x18\x02 \x03(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\r\n\x05store\x18\x04 \x01(\x08\"i\n\x11HandshakeResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\'\n\x07regions\x18\x02 \x03(\x0b\x32\x16.pdmesh.v1.LayerRegion\x12\x18\n\x10mooncake_session\x18\x03 \x01(\t\"s\n\x0bOpenRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indexes\x18\x02 \x03(\x05\x12%\n\x06\x63ompat\x18\x03 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x11\n\ttransport\x18\x04 \x01(\t\"J\n\x0cOpenResponse\x12\x11\n\tblock_ids\x18\x01 \x03(\x05\x12\x11\n\tchecksums\x18\x02 \x03(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\x32\xc1\x02\n\nKVTransfer\x12\x46\n\tHandshake\x12\x1b.pdmesh.v1.HandshakeRequest\x1a\x1c.pdmesh.v1.HandshakeResponse\x12\x37\n\x04Open\x12\x16.pdmesh.v1.OpenRequest\x1a\x17.pdmesh.v1.OpenResponse\x12\x34\n\x04Pull\x12\x16.pdmesh.v1.PullRequest\x1a\x12.pdmesh.v1.KVChunk0\x01\x12@\n\x07Release\x12\x19.pdmesh.v1.ReleaseRequest\x1a\x1a.pdmesh.v1.ReleaseResponse\x12:\n\x05Watch\x12\x17.pdmesh.v1.WatchRequest\x1a\x18.pdmesh.v1.WatchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,24 +36,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_end=222
   _globals['_WATCHRESPONSE']._serialized_start=225
   _globals['_WATCHRESPONSE']._serialized_end=448
-  _globals['_PULLREQUEST']._serialized_start=450
-  _globals['_PULLREQUEST']._serialized_end=546
-  _globals['_KVCHUNK']._serialized_start=549
-  _globals['_KVCHUNK']._serialized_end=759
-  _globals['_RELEASEREQUEST']._serialized_start=761
-  _globals['_RELEASEREQUEST']._serialized_end=798
-  _globals['_RELEASERESPONSE']._serialized_start=800
-  _globals['_RELEASERESPONSE']._serialized_end=835
-  _globals['_LAYERREGION']._serialized_start=838
-  _globals['_LAYERREGION']._serialized_end=982
-  _globals['_HANDSHAKEREQUEST']._serialized_start=984
-  _globals['_HANDSHAKEREQUEST']._serialized_end=1093
-  _globals['_HANDSHAKERESPONSE']._serialized_start=1095
-  _globals['_HANDSHAKERESPONSE']._serialized_end=1200
-  _globals['_OPENREQUEST']._serialized_start=1202
-  _globals['_OPENREQUEST']._serialized_end=1317
-  _globals['_OPENRESPONSE']._serialized_start=1319
-  _globals['_OPENRESPONSE']._serialized_end=1393
-  _globals['_KVTRANSFER']._serialized_start=1396
-  _globals['_KVTRANSFER']._serialized_end=1717
+  _globals['_PULLREQUEST']._serialized_start=451
+  _globals['_PULLREQUEST']._serialized_end=587
+  _globals['_KVCHUNK']._serialized_start=590
+  _globals['_KVCHUNK']._serialized_end=800
+  _globals['_RELEASEREQUEST']._serialized_start=802
+  _globals['_RELEASEREQUEST']._serialized_end=839
+  _globals['_RELEASERESPONSE']._serialized_start=841
+  _globals['_RELEASERESPONSE']._serialized_end=876
+  _globals['_LAYERREGION']._serialized_start=879
+  _globals['_LAYERREGION']._serialized_end=1023
+  _globals['_HANDSHAKEREQUEST']._serialized_start=1025
+  _globals['_HANDSHAKEREQUEST']._serialized_end=1134
+  _globals['_HANDSHAKERESPONSE']._serialized_start=1136
+  _globals['_HANDSHAKERESPONSE']._serialized_end=1241
+  _globals['_OPENREQUEST']._serialized_start=1243
+  _globals['_OPENREQUEST']._serialized_end=1358
+  _globals['_OPENRESPONSE']._serialized_start=1360
+  _globals['_OPENRESPONSE']._serialized_end=1434
+  _globals['_KVTRANSFER']._serialized_start=1437
+  _globals['_KVTRANSFER']._serialized_end=1758
 # @@protoc_insertion_point(module_scope)

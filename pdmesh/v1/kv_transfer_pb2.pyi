@@ -48,14 +48,18 @@ class WatchResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., started: _Optional[bool] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_ready_tokens: _Optional[int] = ..., num_partial_tokens: _Optional[int] = ..., num_partial_layers: _Optional[int] = ..., held: _Optional[bool] = ..., restarts: _Optional[int] = ..., checksums: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("transfer_id", "block_indexes", "compat")
+    __slots__ = ("transfer_id", "block_indexes", "compat", "first_layer", "end_layer")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEXES_FIELD_NUMBER: _ClassVar[int]
     COMPAT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
+    END_LAYER_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_indexes: _containers.RepeatedScalarFieldContainer[int]
     compat: _common_pb2.CompatInfo
-    def __init__(self, transfer_id: _Optional[str] = ..., block_indexes: _Optional[_Iterable[int]] = ..., compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ...) -> None: ...
+    first_layer: int
+    end_layer: int
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indexes: _Optional[_Iterable[int]] = ..., compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., first_layer: _Optional[int] = ..., end_layer: _Optional[int] = ...) -> None: ...
 
 class KVChunk(_message.Message):
     __slots__ = ("block_index", "offset", "data", "block_nbytes", "last", "checksum", "block_hash", "run_block_indexes", "run_checksums", "run_block_hashes")

@@ -104,6 +104,10 @@ def test_without_the_mesh_token_every_kv_and_store_call_is_refused(held, no_thre
                 list(client.pull(server.address, "t1", [0]))
             with pytest.raises(Unauthenticated):
                 client.release(server.address, "t1")
+            with pytest.raises(Unauthenticated):
+                client.watch(server.address, "t1", 0, 0.1)
+            with pytest.raises(Unauthenticated):
+                list(client.pull_runs(server.address, "t1", [0], layers=range(0, 1)))
         with pytest.raises(Unauthenticated):
             store.export(server.address, [BlockKey(b"h" * 16, b"", (1,))])
         with pytest.raises(Unauthenticated):
