@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -29,10 +28,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.disagg import Decision, DisaggPolicy
+from gateway.layerwise_flow import layerwise_handle, until_prefill_fails
 from gateway.pool import Worker, WorkerPool
 from gateway.routing import RoutePolicy
 from pdmesh import errors
-from pdmesh.compat import tp_size
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.telemetry.grpc_client import client_span
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -45,36 +44,6 @@ DECODE_METHOD = "/pdmesh.v1.Decode/Decode"
 RETRYABLE = (errors.WorkerFailed, errors.TransferNotFound, errors.ChecksumMismatch, errors.BlockHashMismatch)
 RETRYABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
                    grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
-
-
-def layerwise_handle(prefill: Worker, num_tokens: int) -> common_pb2.KVHandle:
-    """The handle decode reads a layer-wise transfer with: its id is minted here (unguessable, shared
-    by the prefill and decode of one attempt only) and the blocks are named as prefill computes them."""
-    info = prefill.info
-    return common_pb2.KVHandle(transfer_id=secrets.token_urlsafe(18), kv_address=info.kv_address,
-                               num_tokens=num_tokens, compat=info.compat, tp_size=tp_size(info.compat), layerwise=True)
-
-
-async def _until_failed(chunks: AsyncIterator[worker_pb2.DecodeResponse],
-                        prefilling: asyncio.Future) -> AsyncIterator[worker_pb2.DecodeResponse]:
-    """decode's chunks, raising prefill's failure as soon as it fails (decode would wait for its
-    KV until its own timeout)."""
-    iterator = chunks.__aiter__()
-    try:
-        while True:
-            next_chunk = asyncio.ensure_future(iterator.__anext__())
-            if not prefilling.done():
-                await asyncio.wait({next_chunk, prefilling}, return_when=asyncio.FIRST_COMPLETED)
-                if prefilling.done() and prefilling.exception() is not None and not next_chunk.done():
-                    next_chunk.cancel()  # the decode call is cancelled: its request aborted, blocks freed
-                    await asyncio.gather(next_chunk, return_exceptions=True)
-                    raise prefilling.exception()
-            try:
-                yield await next_chunk
-            except StopAsyncIteration:
-                return
-    finally:
-        await iterator.aclose()
 
 
 class _Retry(Exception):
@@ -272,7 +241,7 @@ class RequestRun:
         prefilling = asyncio.ensure_future(self._prefill(prefill, prompt, handle.transfer_id))
         finished, handed_off = False, False
         try:
-            async for chunk in _until_failed(self._decode_call(decode, request), prefilling):
+            async for chunk in until_prefill_fails(self._decode_call(decode, request), prefilling):
                 if not handed_off and chunk.token_ids and prefilling.done():
                     handed_off = True
                     self._disagg.costs.observe_handoff(time.monotonic() - self._prefilled_at)

@@ -134,6 +134,8 @@ class LocalCluster:
             args += ["--store.nvme_dir", str(self.store_dir / f"{role}-{index}")]
         if role == "prefill":
             args += self.prefill_args
+        else:  # its engine loop spins while requests wait for KV: keep all of it off prefill's cores
+            args += ["--process_cpus", str(core)]
         return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args],
                            env={**os.environ, "PDMESH_WORKER_MESH_TOKEN": self.mesh_token})
 

@@ -206,6 +206,10 @@ class WorkerSettings(_LayeredSettings):
     # there (pulls, the KV server, store saves) need the GIL between their C calls, behind a model runner that
     # holds it. 0.5 ms measured mixed (bench/REPORT.md: long prompts a little better, short ones worse).
     kv_gil_switch_interval_s: float | None = None
+    # Cores the worker's own processes (its API server, vLLM's engine core) run on, e.g. "1" or "2-3"; "": any.
+    # A local cluster keeps a decode worker's on its engine's core: the engine loop that a request waiting
+    # for layer-wise KV keeps stepping then does not take prefill's core (bench/REPORT.md, layer-wise flow).
+    process_cpus: str = ""
     advertise_host: str | None = None  # how gateways reach this worker (registry record); default host
     ready_file: Path | None = None     # written with {"address": ...} once serving
     exit_with_parent: bool = False     # stop when the launching process dies (local clusters, tests)

@@ -15,6 +15,7 @@ from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_rea
 from pdmesh.telemetry.logs import configure_logging
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
+from pdmesh.transport.affinity import pin_process
 from pdmesh.tls import server_credentials
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from pdmesh.worker_registration import WorkerRegistration
@@ -62,6 +63,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     metrics = MeshMetrics(settings.role)
     block_nbytes_holder: list[int] = []
     kv_port = settings.kv_port or free_port(settings.kv_host, settings.engine.tensor_parallel_size)
+    pin_process(settings.process_cpus)  # before the engine's processes start: they inherit it
     engine = build_worker_engine(settings, kv_port, [stat_logger_factory(metrics, block_nbytes_holder)])
     try:
         info = await describe_worker(settings, engine, f"{settings.kv_host_for_peers}:{kv_port}")

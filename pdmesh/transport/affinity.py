@@ -32,3 +32,18 @@ def all_cores():
         yield
     finally:
         os.sched_setaffinity(0, original)
+
+
+def parse_cpus(text: str) -> set[int]:
+    """A cpu list as taskset and cgroups write it: "1", "2-3", "0,2-3"."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def pin_process(cpus: str) -> None:
+    """Runs this process, and the processes it starts, on `cpus` ("": leaves it as it is)."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, parse_cpus(cpus))

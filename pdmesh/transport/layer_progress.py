@@ -19,7 +19,7 @@ from pdmesh.transport.held_transfers import HeldTransfers
 from pdmesh.v1 import kv_transfer_pb2
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (the running step's list)
 class _Progress:
     request_id: str
     block_ids: list[int] = field(default_factory=list)

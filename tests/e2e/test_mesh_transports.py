@@ -73,6 +73,35 @@ async def test_layerwise_greedy_tokens_equal_monolithic_on_each_transport(mesh, 
     assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, 0)
 
 
+async def test_layerwise_reads_show_in_the_span_and_the_overlap_histogram(mesh, otlp_receiver, tiny_llama_dir):
+    transport, cluster = mesh
+    request_id = f"layerwise-labelled-{transport}"
+    overlap = ("pdmesh_kv_overlap_ratio_count", (("role", "decode"), ("transport", transport)))
+
+    def observed() -> float:
+        return sum(_scrape(cluster.metrics_addresses[f"decode-{i}"]).get(overlap, 0) for i in range(2))
+
+    before = observed()
+    prompt = [0] + [(i * 17 + len(transport)) % 1000 + 3 for i in range(99)]  # 4 blocks, sent by no other test
+    async with in_process_gateway(cluster, tiny_llama_dir, kv_flow="layerwise") as address:
+        _, _, last = await generate(address, make_request(prompt, max_tokens=2, request_id=request_id))
+
+    def mine(spans):
+        return [s for s in spans if s.name == "kv.transfer" and s.attributes.get("pdmesh.request_id") == request_id]
+
+    (span,) = mine(otlp_receiver.wait_for(lambda spans: mine(spans)))
+    attributes = span.attributes
+    assert (attributes["pdmesh.kv.transport"], attributes["pdmesh.kv.layerwise"]) == (transport, True)
+    if transport == "mooncake" and attributes["pdmesh.kv.checksum"] == "error":
+        return  # a Mooncake TCP read timed out (see the label test): decode recomputed, nothing to observe
+    assert attributes["pdmesh.kv.checksum"] == "ok"
+    assert attributes["pdmesh.kv.layer_reads"] >= 1 and attributes["pdmesh.kv.bytes"] == last.transfer.num_bytes
+    assert attributes["pdmesh.kv.overlap_ratio"] == pytest.approx(last.transfer.overlap_ratio)
+    assert (attributes["pdmesh.kv.seconds_before_prefill_done"] + attributes["pdmesh.kv.seconds_after_prefill_done"]
+            > 0)
+    assert observed() - before == 1
+
+
 async def test_layerwise_altered_kv_changes_the_output_unchecked_and_is_recomputed_when_checked(
         mesh, reference, tiny_llama_dir):
     """The wrong-KV control in the layer-wise flow: blocks altered as they land are caught by the
