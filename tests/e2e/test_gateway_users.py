@@ -274,7 +274,8 @@ async def test_decode_killed_mid_stream_continues_on_another_without_recomputing
         token_ids, killed_after = [], None
         async for response in _stream(address, make_request(FAILOVER_PROMPT, **FAILOVER_SAMPLING)):
             token_ids += response.token_ids
-            if killed_after is None and token_ids:
+            # killed once the prompt is in the first prefill's store (the retry's prefill reads it there)
+            if killed_after is None and token_ids and await _saved(users_cluster, gateway_tls):
                 killed_after = len(token_ids)
                 _kill(users_cluster, first_decode)
             last = response
@@ -338,11 +339,13 @@ async def _until(condition, what: str, timeout_s: float = 15.0) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _saved(cluster, tls: TlsSettings) -> bool:
+    """Prefill saves to its store before it unpins: nothing pinned means every prompt is in a store."""
+    return all(s.num_held_transfers == 0 for s in await _live_stats(cluster, tls))
+
+
 async def _all_saved(cluster, tls: TlsSettings) -> None:
-    """Prefill saves to its store before it unpins: wait until nothing is pinned."""
-    async def saved():
-        return all(s.num_held_transfers == 0 for s in await _live_stats(cluster, tls))
-    await _until(saved, "KV still pinned")
+    await _until(lambda: _saved(cluster, tls), "KV still pinned")
 
 
 async def _idle(cluster, tls: TlsSettings) -> None:
