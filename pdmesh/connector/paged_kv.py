@@ -77,7 +77,7 @@ class PagedKVCache:
         GIL released), not one Python-level copy per block and layer."""
         for block_id in block_ids:
             self._check(block_id)
-        chosen = self._layers if layers is None else self._layers[layers.start:layers.stop]
+        chosen = self._chosen(layers)
         out = torch.empty((len(block_ids), sum(layer.block_nbytes for layer in chosen)), dtype=torch.uint8)
         if not block_ids:
             return out
@@ -105,7 +105,7 @@ class PagedKVCache:
         for block_id in block_ids:
             self._check(block_id)
         part, num_slices = head_slice
-        chosen = self._layers if layers is None else self._layers[layers.start:layers.stop]
+        chosen = self._chosen(layers)
         row_nbytes = self._slice_nbytes(num_slices) * sum(layer.block_nbytes for layer in chosen) // self.block_nbytes
         if tuple(rows.shape) != (len(block_ids), row_nbytes):
             raise InvalidRequest(f"block rows of shape {tuple(rows.shape)}, expected ({len(block_ids)}, {row_nbytes})")
@@ -127,6 +127,9 @@ class PagedKVCache:
                 src = src.movedim(0, layer.block_dim)
             target.index_copy_(layer.block_dim, index, src)
             offset += nbytes
+
+    def _chosen(self, layers: range | None) -> list[_LayerView]:
+        return self._layers if layers is None else self._layers[layers.start:layers.stop]
 
     def _slice_nbytes(self, num_slices: int) -> int:
         """Bytes of a block from a producer rank holding 1/num_slices of the heads."""

@@ -167,10 +167,10 @@ class ConnectorScheduler:
             return False, stats_params
         layerwise_transfer_id = str(params.get(kvp.LAYERWISE_TRANSFER_ID) or "")
         block_ids = list(block_ids[0]) if block_ids and isinstance(block_ids[0], (list, tuple)) else list(block_ids)
-        held = bool(params.get(kvp.DO_REMOTE_DECODE) and self._finished_normally(request) and block_ids)
+        handed_over = bool(params.get(kvp.DO_REMOTE_DECODE)) and self._finished_normally(request)
         if layerwise_transfer_id:
-            self._layerwise.finish(request.request_id, layerwise_transfer_id, held)
-        if not params.get(kvp.DO_REMOTE_DECODE) or not self._finished_normally(request):
+            self._layerwise.finish(request.request_id, layerwise_transfer_id, held=handed_over and bool(block_ids))
+        if not handed_over:
             return False, stats_params
         if not block_ids:
             return False, None

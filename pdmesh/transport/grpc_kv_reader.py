@@ -13,6 +13,7 @@ import xxhash
 from pdmesh.errors import BlockHashMismatch, WorkerFailed
 from pdmesh.transport.chunking import rows_of
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
+from pdmesh.transport.kv_layout import digest_matrix, piece_columns
 from pdmesh.transport.kv_transport import GRPC, PeerLink, ReadOptions
 
 RowWriter = Callable[..., None]  # local block ids, their (n, block_nbytes) uint8 rows[, layers]
@@ -30,11 +31,10 @@ class GrpcKVReader:
         self._pieces = list(pieces)
 
     def digest_matrix(self, num_blocks: int) -> np.ndarray:
-        return np.zeros((num_blocks, sum(num_parts for num_parts, _ in self._pieces)), dtype=np.uint64)
+        return digest_matrix([num_parts for num_parts, _ in self._pieces], num_blocks)
 
     def piece_columns(self, layers: range) -> list[int]:
-        starts = np.cumsum([0] + [num_parts for num_parts, _ in self._pieces]).tolist()
-        return [column for layer in layers for column in range(starts[layer], starts[layer + 1])]
+        return piece_columns([num_parts for num_parts, _ in self._pieces], layers)
 
     def land_layers(self, link: PeerLink, transfer_id: str, block_indexes: Sequence[int], src_ids: Sequence[int],
                     dst_ids: Sequence[int], layers: range, digests: np.ndarray | None,
@@ -42,8 +42,8 @@ class GrpcKVReader:
         """`layers` of the transfer's blocks at block_indexes into local blocks dst_ids, their pieces'
         hashes into those layers' columns of `digests` (a row per block; None: not verifying)."""
         columns = self.piece_columns(layers)
-        piece_nbytes = [part_nbytes for layer in layers for part_nbytes in [self._pieces[layer][1]] * self._pieces[layer][0]]
-        offsets = np.cumsum([0] + piece_nbytes).tolist()
+        offsets = np.cumsum([0, *(part_nbytes for num_parts, part_nbytes in self._pieces[layers.start:layers.stop]
+                                  for _ in range(num_parts))]).tolist()  # each piece's bytes in a row
         num_landed = 0
         for blocks in self._control.pull_runs(link.address, transfer_id, block_indexes, options.verify,
                                               options.tamper, layers):

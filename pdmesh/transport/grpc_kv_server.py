@@ -127,12 +127,18 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             except PDMeshError as exc:
                 span.record_exception(exc)
                 self._abort(context, exc)
-            block_ids = [transfer.block_ids[i] for i in request.block_indexes]
-            checksums = self._checksums(transfer, request.block_indexes, block_ids)
-            self._count(len(block_ids), len(block_ids) * self._compat.block_nbytes, request.transport or "unknown")
-            span.set_attribute("pdmesh.kv.blocks", len(block_ids))
-            return kv_transfer_pb2.OpenResponse(block_ids=block_ids, checksums=checksums,
-                                                block_hashes=[transfer.block_hashes[i] for i in request.block_indexes])
+            span.set_attribute("pdmesh.kv.blocks", len(request.block_indexes))
+            return self._opened(transfer, list(request.block_indexes), request.transport)
+
+    def _opened(self, transfer: HeldTransfer, indexes: list[int], transport: str) -> kv_transfer_pb2.OpenResponse:
+        """The producer's block ids, checksums and content hashes of the transfer's blocks at
+        `indexes`, counted as sent by `transport` (gRPC layer reads counted their bytes as they went)."""
+        block_ids = [transfer.block_ids[i] for i in indexes]
+        checksums = self._checksums(transfer, indexes, block_ids)
+        num_bytes = 0 if transport == GRPC else len(block_ids) * self._compat.block_nbytes
+        self._count(len(block_ids), num_bytes, transport or "unknown")
+        return kv_transfer_pb2.OpenResponse(block_ids=block_ids, checksums=checksums,
+                                            block_hashes=[transfer.block_hashes[i] for i in indexes])
 
     def Pull(self, request, context):
         if request.end_layer:
@@ -202,13 +208,8 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                                           min(max(request.wait_ms, 0), MAX_WATCH_MS) / 1000)
             if answer.held:  # what an Open would answer, in this same call
                 transfer, _ = self._open_transfer(request)
-                indexes = list(request.block_indexes)
-                block_ids = [transfer.block_ids[i] for i in indexes]
-                answer.checksums[:] = self._checksums(transfer, indexes, block_ids)
-                answer.block_hashes[:] = [transfer.block_hashes[i] for i in indexes]
-                # gRPC layer reads counted their bytes as they went
-                self._count(len(indexes), 0 if request.transport == GRPC else len(indexes) * self._compat.block_nbytes,
-                            request.transport or "unknown")
+                opened = self._opened(transfer, list(request.block_indexes), request.transport)
+                answer.checksums[:], answer.block_hashes[:] = opened.checksums, opened.block_hashes
             return answer
         except PDMeshError as exc:
             self._abort(context, exc)

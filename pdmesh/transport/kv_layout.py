@@ -121,6 +121,23 @@ def piece_index(regions: Sequence[LayerRegion]) -> list[int]:
     return starts
 
 
+def digest_matrix(parts_per_layer: Sequence[int], num_blocks: int) -> np.ndarray:
+    """Landed-piece hashes of `num_blocks` blocks: a row per block, a column per piece in wire order
+    (a layer has parts_per_layer[layer] pieces)."""
+    return np.zeros((num_blocks, sum(parts_per_layer)), dtype=np.uint64)
+
+
+def piece_columns(parts_per_layer: Sequence[int], layers: range) -> list[int]:
+    """The columns of a digest matrix that hold `layers`' pieces."""
+    starts = np.cumsum([0, *parts_per_layer]).tolist()
+    return [column for layer in layers for column in range(starts[layer], starts[layer + 1])]
+
+
+def first_difference(got: Sequence, want: Sequence) -> int | None:
+    """The first position where two aligned sequences differ (None: none, over the shorter)."""
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+
+
 def combine(piece_digests: np.ndarray) -> list[int]:
     """Block checksums from their pieces' digests ((blocks, pieces) uint64, pieces in wire order)."""
     return [xxhash.xxh3_64_intdigest(row.tobytes()) for row in piece_digests]

@@ -22,7 +22,7 @@ import numpy as np
 
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, WorkerFailed
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.kv_layout import combine
+from pdmesh.transport.kv_layout import combine, first_difference
 from pdmesh.transport.kv_transport import KVReader, PeerLink, ReadOptions
 from pdmesh.v1 import kv_transfer_pb2
 
@@ -115,28 +115,24 @@ class _LayerwiseRead:
         if answer.restarts != self._num_restarts:  # preempted: its blocks were freed, read them again
             self._num_restarts = answer.restarts
             self._num_landed = [0] * len(self._indexes)
-        producer_ids = list(answer.block_ids)
-        wanted = {}
-        for position, index in enumerate(self._indexes):
-            available = self._available_layers(answer, index)
-            if available and self._read_from[position] not in (-1, producer_ids[index]):
-                self._num_landed[position] = 0  # moved to another block (a restart we did not see)
-            if available > self._num_landed[position]:
-                wanted.setdefault((self._num_landed[position], available), []).append(position)
-        for (first_layer, end_layer), positions in wanted.items():
-            self._land(positions, [producer_ids[self._indexes[p]] for p in positions], range(first_layer, end_layer))
+        producer_ids = [answer.block_ids[index] if index < len(answer.block_ids) else -1 for index in self._indexes]
+        self._land_available(producer_ids, [self._available_layers(answer, index) for index in self._indexes])
 
     def _land_rest(self, producer_ids: list[int]) -> None:
         """Prefill is done: every layer of every block is in the producer's cache."""
-        num_layers = self._target.num_layers
-        wanted = {}
-        for position in range(len(self._indexes)):
-            if self._read_from[position] not in (-1, producer_ids[position]):
-                self._num_landed[position] = 0
-            if self._num_landed[position] < num_layers:
-                wanted.setdefault(self._num_landed[position], []).append(position)
-        for first_layer, positions in wanted.items():
-            self._land(positions, [producer_ids[p] for p in positions], range(first_layer, num_layers))
+        self._land_available(producer_ids, [self._target.num_layers] * len(self._indexes))
+
+    def _land_available(self, producer_ids: list[int], available: list[int]) -> None:
+        """Lands, per position, the layers of producer block producer_ids[position] from the first not
+        landed up to available[position]; one read per group of positions with the same layers."""
+        wanted: dict[tuple[int, int], list[int]] = {}
+        for position, (producer_id, num_available) in enumerate(zip(producer_ids, available)):
+            if num_available and self._read_from[position] not in (-1, producer_id):
+                self._num_landed[position] = 0  # moved to another block (a restart we did not see)
+            if num_available > self._num_landed[position]:
+                wanted.setdefault((self._num_landed[position], num_available), []).append(position)
+        for (first_layer, end_layer), positions in wanted.items():
+            self._land(positions, [producer_ids[p] for p in positions], range(first_layer, end_layer))
 
     def _land(self, positions: list[int], producer_ids: list[int], layers: range) -> None:
         started = time.perf_counter()
@@ -157,11 +153,10 @@ class _LayerwiseRead:
 
     def _verify(self, opened: kv_transfer_pb2.WatchResponse, expected: list[bytes]) -> Iterator[int]:
         count = len(self._indexes)
-        num_good = next((i for i, (sent, want) in enumerate(zip(opened.block_hashes, expected)) if sent != want),
-                        count)
+        num_good = first_difference(opened.block_hashes, expected)
+        num_good = count if num_good is None else num_good
         if self._digests is not None:
-            landed = combine(self._digests[:num_good])
-            bad = next((i for i, (got, sent) in enumerate(zip(landed, opened.checksums)) if got != sent), None)
+            bad = first_difference(combine(self._digests[:num_good]), opened.checksums)
             if bad is not None:
                 if bad:
                     yield bad

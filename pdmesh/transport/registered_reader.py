@@ -15,7 +15,8 @@ import xxhash
 
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, WorkerFailed
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.kv_layout import Copy, LayerRegion, combine, copy_plan, piece_index
+from pdmesh.transport.kv_layout import (Copy, LayerRegion, combine, copy_plan, digest_matrix, first_difference,
+                                        piece_columns, piece_index)
 from pdmesh.transport.kv_transport import PeerLink, ReadOptions
 
 BATCH_NBYTES = 16 << 20  # moved, then verified, at a time: a failure keeps the batches before it
@@ -41,8 +42,8 @@ class RegisteredMemoryReader:
             time.sleep(options.stall_s)
         if len(opened.block_ids) != len(block_indexes) or len(opened.checksums) != len(block_indexes):
             raise WorkerFailed(f"transfer {transfer_id}: opened {len(opened.block_ids)} of {len(block_indexes)} blocks")
-        num_good = next((i for i, (sent, want) in enumerate(zip(opened.block_hashes, expected)) if sent != want),
-                        len(block_indexes))
+        num_good = first_difference(opened.block_hashes, expected)
+        num_good = len(block_indexes) if num_good is None else num_good
         per_batch = max(1, BATCH_NBYTES // self._control.block_nbytes)
         batches = [(start, min(start + per_batch, num_good)) for start in range(0, num_good, per_batch)]
         plans = [copy_plan(link.regions, self._local, opened.block_ids[start:end], list(local_block_ids[start:end]))
@@ -56,9 +57,7 @@ class RegisteredMemoryReader:
             except BaseException:
                 self._abandon(following)
                 raise
-            landed = combine(digests) if digests is not None else None
-            bad = (next((i for i, (got, sent) in enumerate(zip(landed, opened.checksums[start:end])) if got != sent),
-                        None) if landed is not None else None)
+            bad = first_difference(combine(digests), opened.checksums[start:end]) if digests is not None else None
             if bad is not None:
                 self._abandon(following)
                 if bad:
@@ -83,9 +82,7 @@ class RegisteredMemoryReader:
             self._finish(link, self._start(link, copies), digests, options)
 
     def piece_columns(self, layers: range) -> list[int]:
-        """The columns of a digest matrix that hold `layers`' pieces."""
-        starts = piece_index(self._local)
-        return [starts[layer] + part for layer in layers for part in range(self._local[layer].num_parts)]
+        return piece_columns([region.num_parts for region in self._local], layers)
 
     def _start(self, link: PeerLink, copies: list[Copy]):
         """Starts moving a batch (a transport that can move one batch while the previous one is
@@ -106,8 +103,7 @@ class RegisteredMemoryReader:
         raise NotImplementedError
 
     def digest_matrix(self, num_blocks: int) -> np.ndarray:
-        """A landed-piece hash matrix for that many blocks (a column per piece, in wire order)."""
-        return np.zeros((num_blocks, sum(region.num_parts for region in self._local)), dtype=np.uint64)
+        return digest_matrix([region.num_parts for region in self._local], num_blocks)
 
     def _copy_out(self, copies: Sequence[Copy], sources: Sequence[tuple[memoryview, int]],
                   digests: np.ndarray | None, options: ReadOptions) -> None:
