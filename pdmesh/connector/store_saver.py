@@ -63,6 +63,12 @@ class StoreSaver:
         with self._cond:
             return self._cond.wait_for(lambda: self._num_pending == 0, timeout=timeout_s)
 
+    @property
+    def num_pending(self) -> int:
+        """Saves queued, copying out or writing (the Redis index is published when one ends)."""
+        with self._cond:
+            return self._num_pending
+
     def shutdown(self) -> None:
         self._copy_pool.shutdown(wait=True, cancel_futures=True)
         self._write_pool.shutdown(wait=True, cancel_futures=True)

@@ -171,7 +171,8 @@ async def settled_stats(address: str, tls: TlsSettings | None = None) -> worker_
     deadline = time.monotonic() + HOLD_TIMEOUT_S + 5
     while True:
         stats = await worker_stats(address, tls)
-        busy = (stats.num_held_transfers, stats.num_running_requests, stats.kv_store_pinned_blocks) != (0, 0, 0)
+        busy = (stats.num_held_transfers, stats.num_running_requests, stats.kv_store_pinned_blocks,
+                stats.kv_store_saves_pending) != (0, 0, 0, 0)
         if not busy or time.monotonic() > deadline:
             return stats
         await asyncio.sleep(0.1)

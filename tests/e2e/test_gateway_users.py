@@ -340,8 +340,8 @@ async def _until(condition, what: str, timeout_s: float = 15.0) -> None:
 
 
 async def _saved(cluster, tls: TlsSettings) -> bool:
-    """Prefill saves to its store before it unpins: nothing pinned means every prompt is in a store."""
-    return all(s.num_held_transfers == 0 for s in await _live_stats(cluster, tls))
+    """Nothing pinned and no save queued or being written: every prompt is in a store and its index."""
+    return all((s.num_held_transfers, s.kv_store_saves_pending) == (0, 0) for s in await _live_stats(cluster, tls))
 
 
 async def _all_saved(cluster, tls: TlsSettings) -> None:

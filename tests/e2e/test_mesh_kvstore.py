@@ -83,9 +83,13 @@ async def _first_then_second(cluster, tokenizer_dir, reference, scenario: str, f
 
 
 async def _saved(cluster, prefill: int, timeout_s: float = 10.0) -> None:
-    """Saves run in the background: wait until the worker has no transfer pinned (it unpins after)."""
+    """Saves run in the background (the blocks are unpinned once copied out, before the store and its
+    Redis index have them): wait until nothing is pinned and no save is queued or being written."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while (await worker_stats(cluster.prefill_addresses[prefill])).num_held_transfers:
+    while True:
+        stats = await worker_stats(cluster.prefill_addresses[prefill])
+        if (stats.num_held_transfers, stats.kv_store_saves_pending) == (0, 0):
+            return
         assert asyncio.get_running_loop().time() < deadline, "save did not finish"
         await asyncio.sleep(0.05)
 

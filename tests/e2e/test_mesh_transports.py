@@ -26,6 +26,7 @@ STALL_S = 3.0
 FAULT_ARGS = ["--kv_faults.tamper_request_prefix", "tamper-",
               "--kv_faults.unverified_request_prefix", "tamper-unverified-",
               "--kv_faults.stall_request_prefix", "stall-", "--kv_faults.stall_s", str(STALL_S),
+              "--kv_faults.slow_prefill_request_prefix", "slow-", "--kv_faults.slow_step_s", "0.25",
               "--pull_timeout_s", "6"]  # a read from a dead peer fails within 6 s (Mooncake's floor: 5)
 
 
@@ -61,8 +62,10 @@ async def test_layerwise_greedy_tokens_equal_monolithic_on_each_transport(mesh, 
     prompts = token_prompts(LAYERWISE_SEED)  # in no prefix cache yet: every block is read
     async with in_process_gateway(cluster, tiny_llama_dir, kv_flow="layerwise") as address:
         results = await asyncio.gather(*(generate(address, make_request(p, max_tokens=MAX_TOKENS)) for p in prompts))
-        # alone, links warm: its first chunks' layers are read while the later chunks compute
-        _, _, alone = await generate(address, make_request(token_prompts(LAYERWISE_SEED + 1)[-1], max_tokens=2))
+        # alone, links warm: its first chunks' layers are read while the later chunks compute (each step made
+        # 0.25 s slower, so a busy machine delaying decode by a few steps still sees the overlap)
+        _, _, alone = await generate(address, make_request(token_prompts(LAYERWISE_SEED + 1)[-1], max_tokens=2,
+                                                           request_id=f"slow-alone-{transport}"))
     for (token_ids, _, last), want, length in zip(results, expected, PROMPT_LENGTHS):
         assert token_ids == want, f"{transport}: prompt of {length} tokens diverged"
     transfers = [last.transfer for _, _, last in results]

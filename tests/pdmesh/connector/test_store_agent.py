@@ -109,11 +109,12 @@ def test_a_finished_prompt_is_copied_out_once_and_unpinned_before_the_store_writ
     a.caches["l0"][5].zero_()  # vLLM reuses the block once decode released it
     a.held.release("p-1")
     assert a.get_finished() == ({"p-1"}, None)  # decode's release alone frees the blocks: no lease left
+    assert (a.counters()["num_held_transfers"], a.counters()["kv_store_saves_pending"]) == (0, 1)  # still writing
     may_write.set()
     assert a.saver.flush(timeout_s=10)
     counters = a.counters()
-    assert (counters["kv_store_blocks_saved"], counters["kv_store_occupancy_bytes"]) == (
-        2, {"dram": 2 * BLOCK_NBYTES, "nvme": 0})  # full blocks only
+    assert (counters["kv_store_blocks_saved"], counters["kv_store_occupancy_bytes"], counters["kv_store_saves_pending"]
+            ) == (2, {"dram": 2 * BLOCK_NBYTES, "nvme": 0}, 0)  # full blocks only
     stats = _load(a, ["", ""], [0, 1])
     assert stats["tokens_by_tier"] == {"dram": 64}
     assert not torch.equal(a.caches["l0"][0], a.caches["l0"][5])  # the store kept the copy, not the reused block
