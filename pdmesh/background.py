@@ -22,3 +22,21 @@ class BackgroundTasks:
         """Lets the tasks still running finish, for at most timeout_s."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+
+async def cancel_task(task: asyncio.Task) -> None:
+    """Cancels a task and waits for it; a cancellation of the caller itself still propagates."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+
+
+async def wait_or_cancel(task: asyncio.Task, timeout_s: float) -> None:
+    """Lets a task end on its own within timeout_s; cancels it after that."""
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        await cancel_task(task)

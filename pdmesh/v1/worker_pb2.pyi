@@ -91,6 +91,34 @@ class WorkerStats(_message.Message):
     kv_store_saves_pending: int
     def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., kv_store_saves_skipped: _Optional[int] = ..., kv_store_blocks_skipped: _Optional[int] = ..., kv_store_loads_cut: _Optional[int] = ..., kv_store_saves_pending: _Optional[int] = ...) -> None: ...
 
+class WorkerRecord(_message.Message):
+    __slots__ = ("role", "address", "kv_address", "model", "model_fingerprint", "max_num_seqs", "num_kv_blocks", "num_running", "num_waiting", "kv_cache_usage", "started_at", "updated_at")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KV_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    address: str
+    kv_address: str
+    model: str
+    model_fingerprint: str
+    max_num_seqs: int
+    num_kv_blocks: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    started_at: float
+    updated_at: float
+    def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., kv_address: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+
 class GetInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -1,5 +1,5 @@
 """The worker registry against a real redis-server (password required): heartbeats, TTL expiry,
-graceful leave, outages and restarts, malformed values, change notifications."""
+graceful leave, outages and restarts, malformed values."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 import pytest
 
 from pdmesh.config import RegistrySettings
-from pdmesh.registry import (RegistryPublisher, RegistryWatcher, WorkerLoad, WorkerRecord, connect,
-                             worker_key)
+from pdmesh.registry import RegistryPublisher, RegistryWatcher, WorkerLoad, WorkerRecord, connect, encode_record
+from pdmesh.registry.keys import index_key, record_key
 
 PREFIX = "pdmesh:workers"
 SLOW = 30.0  # a heartbeat or poll period that never fires within a test: only explicit reads count
@@ -52,27 +52,8 @@ def _registry_clients(client) -> list[str]:
 
 
 def _stored(server, record: WorkerRecord) -> dict | None:
-    raw = server.client().get(worker_key(PREFIX, record.role, record.address))
+    raw = server.client().get(record_key(PREFIX, record.role, record.address))
     return None if raw is None else json.loads(raw)
-
-
-def test_a_record_round_trips_through_json_and_extra_fields_are_ignored():
-    record = _record(num_running=3, num_waiting=2, kv_cache_usage=0.25, updated_at=1_700_000_001.0)
-    assert WorkerRecord.from_json(record.to_json()) == record
-    newer = json.loads(record.to_json()) | {"zone": "eu-west-1", "gpu": {"kind": "H200"}}
-    assert WorkerRecord.from_json(json.dumps(newer)) == record
-
-
-@pytest.mark.parametrize("text", [
-    "{not json", "[1, 2]", "\"a string\"", b"\xff\xfe",
-    json.dumps({"role": "prefill", "address": "a:1"}),                                 # fields missing
-    _record().to_json().replace('"max_num_seqs":64', '"max_num_seqs":"64"'),           # wrong type
-    _record().to_json().replace('"max_num_seqs":64', '"max_num_seqs":true'),           # bool is no int
-    _record().to_json().replace('"role":"prefill"', '"role":"router"'),                # unknown role
-])
-def test_a_malformed_record_raises_value_error(text):
-    with pytest.raises(ValueError):
-        WorkerRecord.from_json(text)
 
 
 async def test_a_published_record_reaches_the_watcher_exactly_within_three_polls(redis_server):
@@ -86,8 +67,9 @@ async def test_a_published_record_reaches_the_watcher_exactly_within_three_polls
     await _eventually(lambda: watcher.workers, timeout_s=settings.poll_s * 3)
     assert watcher.workers == {"10.0.0.1:50051": publisher.record}
     assert publisher.record == _record(updated_at=publisher.record.updated_at)
+    assert redis_server.client().smembers(index_key(PREFIX)) == {publisher.key.encode()}
     assert before <= publisher.record.updated_at <= time.time()
-    assert _stored(redis_server, publisher.record) == json.loads(publisher.record.to_json())
+    assert _stored(redis_server, publisher.record) == json.loads(encode_record(publisher.record))
     assert 0 < redis_server.client().pttl(publisher.key) <= 5000
     assert publisher.key == "pdmesh:workers:prefill:10.0.0.1:50051"
     assert (publisher.num_errors, watcher.num_errors, watcher.num_malformed) == (0, 0, 0)
@@ -156,7 +138,7 @@ async def test_a_graceful_stop_deletes_the_record_at_once(redis_server):
     await watcher.start()
     assert [r.address for r in watcher.snapshot()] == ["10.0.0.1:50051"]
     await publisher.stop(deregister=True)
-    assert redis_server.client().exists(publisher.key) == 0
+    assert redis_server.client().exists(publisher.key, index_key(PREFIX)) == 0  # the record and its index entry
     await _eventually(lambda: watcher.snapshot() == [], timeout_s=settings.poll_s * 3)
     await watcher.stop()
     await _assert_released(redis_server)
@@ -177,6 +159,7 @@ async def test_a_crashed_worker_stays_until_its_ttl_then_leaves(redis_server):
     await _eventually(lambda: watcher.snapshot() == [], timeout_s=settings.ttl_s + settings.poll_s * 3)
     assert time.time() >= last_written_at + settings.ttl_s  # expired by its TTL, not deleted
     assert redis_server.client().exists(publisher.key) == 0
+    assert redis_server.client().smembers(index_key(PREFIX)) == set()  # the watcher dropped its index entry
     await watcher.stop()
     await _assert_released(redis_server)
 
@@ -234,13 +217,15 @@ async def test_after_a_redis_restart_the_next_beat_recreates_the_record(redis_se
     await _assert_released(redis_server)
 
 
-async def test_malformed_values_under_the_prefix_are_skipped_and_counted(redis_server, caplog):
+async def test_malformed_values_under_the_index_are_skipped_and_counted(redis_server, caplog):
     direct = redis_server.client()
-    direct.set(f"{PREFIX}:decode:bad-json", "{not json")
-    direct.set(f"{PREFIX}:decode:missing", json.dumps({"role": "decode", "address": "10.0.0.9:1"}))
-    newer = json.loads(_record("decode", "10.0.0.3:50052").to_json()) | {"zone": "b"}
-    direct.set(f"{PREFIX}:decode:10.0.0.3:50052", json.dumps(newer))
-    direct.set("pdmesh:other:key", "{not json")  # outside the prefix: never read
+    newer = json.loads(encode_record(_record("decode", "10.0.0.3:50052"))) | {"zone": "b", "gpu": {"kind": "H200"}}
+    for key, value in [(f"{PREFIX}:decode:bad-json", "{not json"),
+                       (f"{PREFIX}:decode:no-address", json.dumps({"role": "decode"})),
+                       (f"{PREFIX}:decode:10.0.0.3:50052", json.dumps(newer))]:  # a newer worker's fields: ignored
+        direct.set(key, value)
+        direct.sadd(index_key(PREFIX), key)
+    direct.set(f"{PREFIX}:decode:unindexed", encode_record(_record("decode", "10.0.0.4:1")))  # never read
     watcher = RegistryWatcher(_settings(redis_server, poll_s=SLOW))
     await watcher.start()
     assert watcher.snapshot() == [_record("decode", "10.0.0.3:50052")]
@@ -251,54 +236,6 @@ async def test_malformed_values_under_the_prefix_are_skipped_and_counted(redis_s
     assert len(skipped) == 2  # logged once per key and value
     await watcher.stop()
     direct.close()
-    await _assert_released(redis_server)
-
-
-async def test_on_change_fires_on_join_and_leave_not_on_load_changes(redis_server):
-    settings = _settings(redis_server, heartbeat_s=0.05, ttl_s=SLOW, poll_s=0.05)
-    changes: list[list[str]] = []
-
-    async def on_change(snapshot: list[WorkerRecord]) -> None:
-        changes.append([r.address for r in snapshot])
-
-    watcher = RegistryWatcher(settings, on_change=on_change)
-    await watcher.start()
-    assert changes == []  # empty to empty is no change
-    load = WorkerLoad(1, 0, 0.1)
-    first = RegistryPublisher(settings, _record("prefill", "10.0.0.1:50051"), lambda: load)
-    await first.start()
-    await _eventually(lambda: len(changes) == 1, timeout_s=1.0)
-    second = RegistryPublisher(settings, _record("decode", "10.0.0.2:50052"))
-    await second.start()
-    await _eventually(lambda: len(changes) == 2, timeout_s=1.0)
-    load = WorkerLoad(5, 4, 0.9)
-    await _eventually(lambda: watcher.workers["10.0.0.1:50051"].num_running == 5, timeout_s=1.0)
-    await first.stop()
-    await _eventually(lambda: len(changes) == 3, timeout_s=1.0)
-    await second.stop()
-    await _eventually(lambda: len(changes) == 4, timeout_s=1.0)
-    await asyncio.sleep(settings.poll_s * 3)
-    assert changes == [["10.0.0.1:50051"], ["10.0.0.1:50051", "10.0.0.2:50052"], ["10.0.0.2:50052"], []]
-    await watcher.stop()
-    await _assert_released(redis_server)
-
-
-async def test_a_failing_on_change_callback_does_not_stop_the_watcher(redis_server):
-    settings = _settings(redis_server, heartbeat_s=SLOW, ttl_s=SLOW, poll_s=0.05)
-    calls: list[int] = []
-
-    def on_change(snapshot: list[WorkerRecord]) -> None:
-        calls.append(len(snapshot))
-        raise RuntimeError("subscriber bug")
-
-    watcher = RegistryWatcher(settings, on_change=on_change)
-    await watcher.start()
-    publisher = RegistryPublisher(settings, _record())
-    await publisher.start()
-    await _eventually(lambda: calls == [1], timeout_s=1.0)
-    await publisher.stop()
-    await _eventually(lambda: calls == [1, 0], timeout_s=1.0)
-    await watcher.stop()
     await _assert_released(redis_server)
 
 
