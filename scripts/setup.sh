@@ -4,18 +4,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv}"
-# Mooncake Transfer Engine's wheel links these from the OS (even when it only moves KV over TCP).
+# System packages, installed with apt-get when root, otherwise named in the error:
+# - Mooncake Transfer Engine's wheel links libibverbs, libnuma and libcurl (even when it moves KV over TCP);
+# - redis-server: the worker registry's and KV store's index (the demo with --redis-url; the tests start
+#   their own on loopback ports);
+# - docker-compose: the tests validate deploy/'s compose files with it (no container engine needed).
 need=()
 have="$(ldconfig -p 2>/dev/null || true)"
-for lib in libibverbs.so.1 libnuma.so.1 libcurl.so.4; do
-  grep -q "$lib" <<<"$have" || need+=("$lib")
+for pair in libibverbs.so.1:libibverbs1 libnuma.so.1:libnuma1 libcurl.so.4:libcurl4; do
+  grep -q "${pair%%:*}" <<<"$have" || need+=("${pair#*:}")
 done
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v docker-compose >/dev/null || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 libnuma1 libcurl4 >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   else
-    echo "missing ${need[*]}: install the packages libibverbs1 libnuma1 libcurl4 (Debian/Ubuntu names)" >&2
+    echo "missing system packages: ${need[*]} (Debian/Ubuntu names); install them, e.g. sudo apt-get install ${need[*]}" >&2
     exit 1
   fi
 fi
