@@ -16,9 +16,16 @@ DEMO_PROMPT = "Hello world, the kalo mine is ready."
 
 
 def _build_models(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.tokenizer_only:  # what a gateway needs, without torch
+        from pdmesh.models.tiny import build_tokenizer
+
+        (out / "tiny-llama").mkdir(parents=True, exist_ok=True)
+        build_tokenizer(out / "tiny-llama")
+        print(f"tiny Llama's tokenizer written to {out / 'tiny-llama'}")
+        return 0
     from pdmesh.models.tiny import build_deepseek_v2, build_llama
 
-    out = Path(args.out)
     print(f"tiny Llama written to {build_llama(out / 'tiny-llama')}")
     print(f"tiny DeepSeek-V2 (MoE + MLA) written to {build_deepseek_v2(out / 'tiny-deepseek-v2')}")
     return 0
@@ -95,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
 
     build = sub.add_parser("build-models", help="write the tiny random-weight models and tokenizer")
     build.add_argument("--out", default=str(DEFAULT_MODEL_DIR.parent), help="folder for the model folders")
+    build.add_argument("--tokenizer-only", action="store_true",
+                       help="only the tiny Llama's tokenizer files (a gateway's; needs no torch)")
     build.set_defaults(func=_build_models)
 
     up = sub.add_parser("up", help="start gateway + prefill + decode locally and run a demo prompt")

@@ -44,7 +44,8 @@ def test_gateway_points_at_the_workers_ports_and_workers_advertise_reachable_kv(
     assert gateway.decode_workers == [f"decode:{decode.port}"]
     assert (prefill.kv_host, prefill.kv_advertise_host) == ("0.0.0.0", "prefill")
     assert prefill.host == decode.host == gateway.host == "0.0.0.0"
-    assert services["gateway"]["ports"] == [f"{gateway.port}:{gateway.port}", f"{gateway.http_port}:{gateway.http_port}"]
+    assert services["gateway"]["ports"] == [f"${{PDMESH_GRPC_PORT:-{gateway.port}}}:{gateway.port}",
+                                            f"${{PDMESH_HTTP_PORT:-{gateway.http_port}}}:{gateway.http_port}"]
 
 
 def test_workers_register_under_the_names_the_gateway_dials_in_the_redis_service(compose):
@@ -82,13 +83,15 @@ def test_prefill_keeps_its_kv_store_on_a_volume_and_indexes_it_in_the_redis_serv
 
 def test_healthcheck_probes_the_worker_port(compose):
     _, prefill = _settings(compose["services"]["prefill"])
-    assert compose["services"]["prefill"]["healthcheck"]["test"][-1] == str(prefill.port)
+    assert compose["services"]["prefill"]["healthcheck"]["test"] == [
+        "CMD-SHELL", f"python -m pdmesh.healthcheck {prefill.port}"]
 
 
-def test_dockerfile_copies_every_package():
-    dockerfile = (DEPLOY / "Dockerfile").read_text()
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gateway"])
+def test_dockerfiles_copy_every_package(dockerfile):
+    text = (DEPLOY / dockerfile).read_text()
     for package in ("pdmesh", "gateway", "prefill", "decode", "kvstore"):
-        assert f"COPY {package} {package}" in dockerfile
+        assert f"COPY {package} {package}" in text
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

@@ -71,3 +71,15 @@ def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
         if up.poll() is None:
             up.kill()  # its cluster's processes see their parent gone and stop (--exit_with_parent)
             up.wait()
+
+
+def test_build_models_tokenizer_only_writes_the_tiny_llamas_tokenizer_without_torch(tiny_llama_dir, tmp_path):
+    """What the slim gateway image runs: the same tokenizer files, torch never imported."""
+    code = ("import sys, runpy; sys.argv = ['pdmesh', 'build-models', '--tokenizer-only', '--out', sys.argv[1]]; "
+            "sys.modules['torch'] = None\ntry:\n runpy.run_module('pdmesh.cli', run_name='__main__')\n"
+            "except SystemExit as exc:\n assert not exc.code, exc.code")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
+    written = sorted(p.name for p in (tmp_path / "tiny-llama").iterdir())
+    assert written == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    for name in written:
+        assert (tmp_path / "tiny-llama" / name).read_bytes() == (tiny_llama_dir / name).read_bytes()

@@ -1,0 +1,171 @@
+"""deploy/docker-compose.yml brought up for real under Podman: the images built here from the package
+registries alone (scripts/build_images.sh), then Redis, the OTLP collector, Prometheus, the gateway,
+1 prefill and 1 decode. Requests go to the published ports with the `openai` client and over gRPC and
+must equal monolithic vLLM; the collector must have the request's spans from at least three services,
+Prometheus must scrape every pdmesh process; `down` must leave nothing running.
+
+Grafana is not started: no registry reachable here ships it (deploy/README.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pdmesh.client import generate, make_request
+from pdmesh.engine import free_port
+from tests.e2e.conftest import MAX_TOKENS, USER_TEXT_PROMPTS, token_prompts
+
+pytestmark = pytest.mark.containers
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
+SERVICES = ["redis", "otel-collector", "prometheus", "prefill", "decode", "gateway"]
+LOCAL_IMAGES = {"PDMESH_REDIS_IMAGE": "pdmesh-redis:bookworm",
+                "PDMESH_OTEL_COLLECTOR_IMAGE": "pdmesh-otel-collector:bookworm",
+                "PDMESH_PROMETHEUS_IMAGE": "pdmesh-prometheus:bookworm"}
+START_TIMEOUT_S = 300
+
+
+class Stack:
+    def __init__(self, project: str, env: dict[str, str]) -> None:
+        self.project = project
+        self.env = env
+        self.grpc_address = f"127.0.0.1:{env['PDMESH_GRPC_PORT']}"
+        self.http_url = f"http://127.0.0.1:{env['PDMESH_HTTP_PORT']}"
+        self.prometheus_url = f"http://127.0.0.1:{env['PDMESH_PROMETHEUS_PORT']}"
+
+    def compose(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman-compose", "-p", self.project, "-f", str(COMPOSE_FILE), *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout_s)
+
+    def podman(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=120)
+
+    def container(self, service: str) -> str:
+        return f"{self.project}_{service}_1"
+
+    def logs(self, service: str) -> str:
+        out = self.podman("logs", self.container(service))
+        return out.stdout + out.stderr
+
+    def containers_left(self) -> list[str]:
+        out = self.podman("ps", "-a", "--filter", f"label=io.podman.compose.project={self.project}",
+                          "--format", "{{.Names}}")
+        return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    assert shutil.which("podman") and shutil.which("podman-compose"), "bash scripts/setup.sh installs podman"
+    started = time.monotonic()
+    built = subprocess.run(["bash", str(ROOT / "scripts" / "build_images.sh"), "podman"], capture_output=True,
+                           text=True, timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    print(f"images built in {time.monotonic() - started:.0f} s")
+    env = {**os.environ, **LOCAL_IMAGES, "CONTAINERS_CONF": str(ROOT / "deploy" / ".build" / "containers.conf"),
+           **{name: str(free_port("127.0.0.1")) for name in
+              ("PDMESH_GRPC_PORT", "PDMESH_HTTP_PORT", "PDMESH_PROMETHEUS_PORT")}}
+    running = Stack(f"pdmesh-e2e-{os.getpid()}", env)
+    try:
+        up = running.compose("up", "-d", *SERVICES)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        _wait_healthy(running, ["prefill", "decode"])
+        print(f"stack serving {time.monotonic() - started:.0f} s after the build began")
+        yield running
+    finally:
+        down = running.compose("down", "-v", timeout_s=180)
+        running.podman("network", "rm", "-f", f"{running.project}_default")
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert running.containers_left() == []
+
+
+def _wait_healthy(stack: Stack, services: list[str]) -> None:
+    """Each worker's compose health check (the gRPC health service on its port) passes."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for service in services:
+        while stack.podman("healthcheck", "run", stack.container(service)).returncode != 0:
+            assert time.monotonic() < deadline, f"{service} not healthy:\n{stack.logs(service)[-5000:]}"
+            time.sleep(2)
+
+
+def test_the_openai_client_and_grpc_on_the_published_ports_answer_like_monolithic_vllm(stack, reference):
+    client = openai.OpenAI(base_url=f"{stack.http_url}/v1", api_key="unused")
+    want = reference["runs"][5]
+    for prompt, want_ids in zip(USER_TEXT_PROMPTS, want["token_ids"]):
+        completion = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS,
+                                               temperature=0.0, extra_body={"return_token_ids": True})
+        assert completion.choices[0].to_dict()["token_ids"] == want_ids
+
+    async def all_prompts():
+        return await asyncio.gather(*(generate(stack.grpc_address, make_request(p, max_tokens=MAX_TOKENS))
+                                      for p in token_prompts()))
+
+    results = asyncio.run(all_prompts())
+    assert [token_ids for token_ids, _, _ in results] == reference["runs"][0]["token_ids"]
+    assert sum(last.transfer.num_blocks for _, _, last in results) > 0  # KV crossed between the containers
+    assert {last.transfer.prefill_worker for _, _, last in results} == {"prefill:50061"}
+
+
+def test_the_collector_received_the_requests_spans_from_three_services(stack):
+    request = make_request(token_prompts()[-1], max_tokens=4, request_id="compose-traced")
+    asyncio.run(generate(stack.grpc_address, request))
+    deadline = time.monotonic() + 30
+    while True:  # the processes export in batches (2 s)
+        spans = _logged_spans(stack.logs("otel-collector"))
+        traces = {s["trace_id"] for s in spans if s["attributes"].get("pdmesh.request_id") == "compose-traced"}
+        services = {s["service"] for s in spans if s["trace_id"] in traces}
+        if len(services) >= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(traces) == 1
+    assert services == {"pdmesh-gateway", "pdmesh-prefill", "pdmesh-prefill-engine", "pdmesh-decode",
+                        "pdmesh-decode-engine"}
+
+
+def _logged_spans(log: str) -> list[dict]:
+    """Spans from the collector's detailed debug log: service, trace id, name, attributes."""
+    spans, service, span = [], None, None
+    for line in log.splitlines():
+        if m := re.match(r"\s+-> service\.name: Str\((.*)\)$", line):
+            service = m.group(1)
+        elif re.match(r"Span #\d+", line):
+            span = {"service": service, "attributes": {}}
+            spans.append(span)
+        elif span is not None and (m := re.match(r"\s+Trace ID\s+: (\w+)", line)):
+            span["trace_id"] = m.group(1)
+        elif span is not None and (m := re.match(r"\s+-> ([\w.]+): \w+\((.*)\)$", line)):
+            span["attributes"][m.group(1)] = m.group(2)
+        elif line.startswith("ResourceSpans"):
+            span = None
+    return [s for s in spans if "trace_id" in s]
+
+
+def test_prometheus_scrapes_every_pdmesh_process(stack):
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{stack.prometheus_url}/api/v1/targets", timeout=10) as response:
+            targets = json.loads(response.read())["data"]["activeTargets"]
+        health = {t["labels"]["instance"]: t["health"] for t in targets}
+        if set(health.values()) == {"up"} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert health == {"gateway:9400": "up", "prefill:9400": "up", "decode:9400": "up"}
+
+
+def test_the_gateway_answers_grpc_health_on_its_published_port(stack):
+    async def check():
+        async with grpc.aio.insecure_channel(stack.grpc_address) as channel:
+            return await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+    assert asyncio.run(check()).status == health_pb2.HealthCheckResponse.SERVING
