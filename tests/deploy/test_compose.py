@@ -87,7 +87,7 @@ def test_healthcheck_probes_the_worker_port(compose):
         "CMD-SHELL", f"python -m pdmesh.healthcheck {prefill.port}"]
 
 
-@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gateway"])
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gateway", "Dockerfile.cuda", "Dockerfile.ascend"])
 def test_dockerfiles_copy_every_package(dockerfile):
     text = (DEPLOY / dockerfile).read_text()
     for package in ("pdmesh", "gateway", "prefill", "decode", "kvstore"):
@@ -99,3 +99,81 @@ def test_docker_compose_accepts_the_file():
     out = subprocess.run(["docker-compose", "-f", str(DEPLOY / "docker-compose.yml"), "config", "--quiet"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def _merged(variant: str) -> dict:
+    """deploy/docker-compose.yml with deploy/docker-compose.<variant>.yml over it, as compose merges them."""
+    out = subprocess.run(["docker-compose", "-f", str(DEPLOY / "docker-compose.yml"), "-f",
+                          str(DEPLOY / f"docker-compose.{variant}.yml"), "config"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return yaml.safe_load(out.stdout)
+
+
+def _mounts(service: dict) -> dict[str, str]:
+    """container path → host path of each bind mount (long or short syntax)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            mounts[volume["target"]] = volume["source"]
+        else:
+            source, target, *_ = volume.split(":")
+            mounts[target] = source
+    return mounts
+
+
+@pytest.mark.parametrize("variant", ["cuda", "ascend"])
+def test_accelerator_variants_serve_the_mounted_model_on_kv_over_mooncake(variant):
+    services = _merged(variant)["services"]
+    _, gateway = _settings(services["gateway"])
+    assert gateway.tokenizer == "/models/model" and "/models" in _mounts(services["gateway"])
+    for role in ("prefill", "decode"):
+        service = services[role]
+        environment = service["environment"]
+        for name in environment:
+            if name.startswith("PDMESH_WORKER_"):
+                assert name.removeprefix("PDMESH_WORKER_").lower().split("__")[0] in WorkerSettings.model_fields
+        assert service["image"] == f"pdmesh-worker:{variant}"
+        assert service["build"]["dockerfile"].endswith(f"Dockerfile.{variant}")
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in environment.items():
+                env.setenv(name, str(value))
+            _, worker = _settings(service)
+        assert (worker.engine.model, worker.engine.dtype, worker.kv_transport) == ("/models/model", "bfloat16",
+                                                                                   "mooncake")
+        assert "/models" in _mounts(service)
+
+
+def test_the_cuda_variant_gives_each_worker_its_own_gpu():
+    services = _merged("cuda")["services"]
+    gpus = []
+    for role in ("prefill", "decode"):
+        [device] = services[role]["deploy"]["resources"]["reservations"]["devices"]
+        assert (device["driver"], device["capabilities"]) == ("nvidia", ["gpu"])
+        gpus += device["device_ids"]
+    assert sorted(gpus) == ["0", "1"]
+
+
+def test_the_ascend_variant_passes_its_npu_and_the_drivers_and_keeps_kv_clear_of_hccl():
+    services = _merged("ascend")["services"]
+    npus = []
+    for role in ("prefill", "decode"):
+        service = services[role]
+        visible = str(service["environment"]["ASCEND_RT_VISIBLE_DEVICES"])
+        devices = {d.split(":")[0] if isinstance(d, str) else d["source"] for d in service["devices"]}
+        assert devices == {f"/dev/davinci{visible}", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
+        npus.append(visible)
+        mounts = _mounts(service)
+        for path in ("/usr/local/dcmi", "/usr/local/bin/npu-smi", "/usr/local/Ascend/driver/lib64",
+                     "/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info", "/etc/hccn.conf"):
+            assert mounts[path] == path
+        _, worker = _settings(service)
+        if role == "prefill":
+            assert 28000 <= worker.kv_port < int(service["environment"]["HCCL_IF_BASE_PORT"])
+        assert service["environment"]["PDMESH_WORKER_MOONCAKE_PROTOCOL"] == "ascend"
+    assert sorted(npus) == ["0", "1"]
+
+
+@pytest.mark.parametrize("dockerfile, extra", [("Dockerfile", ".[cpu]"), ("Dockerfile.cuda", ".[cuda]"),
+                                               ("Dockerfile.ascend", ".[npu]")])
+def test_each_worker_image_installs_its_extra(dockerfile, extra):
+    assert f'"{extra}"' in (DEPLOY / dockerfile).read_text()
