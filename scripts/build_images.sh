@@ -40,8 +40,12 @@ print(*main[0])
 PY
 }
 
-build_base() {  # localhost/pdmesh-base:<suite>, once
-  read -r mirror suite <<<"$(apt_mirror)"
+build_base() {  # localhost/pdmesh-base:bookworm, once
+  local source
+  source="$(apt_mirror)"
+  read -r mirror suite <<<"$source"
+  # the images' Python is Debian's 3.11 (bookworm), as the wheels resolved below and the collector expect
+  [ "$suite" = bookworm ] || { echo "apt here points at $suite; the images need Debian bookworm" >&2; exit 1; }
   base="localhost/pdmesh-base:$suite"
   podman image exists "$base" && return
   rootfs="$build_dir/rootfs"
@@ -63,11 +67,16 @@ if [ "$engine" = podman ]; then
   for image in redis prometheus otel-collector; do
     podman build -q "${build_args[@]}" -f "deploy/images/$image.Containerfile" -t "pdmesh-$image:bookworm" deploy >/dev/null
   done
-  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' "$(ulimit -Hn)" "$(ulimit -Hn)" \
-    "$(( $(ulimit -Hu) < 32768 ? $(ulimit -Hu) : 32768 ))" "$(( $(ulimit -Hu) < 32768 ? $(ulimit -Hu) : 32768 ))" \
+  # Containers' ulimits no higher than this host's hard limits (root may lack CAP_SYS_RESOURCE; podman's
+  # defaults then fail every run) and podman's own nproc cap.
+  nofile="$(ulimit -Hn)"; [ "$nofile" = unlimited ] && nofile=1048576
+  nproc="$(ulimit -Hu)"; { [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; } && nproc=32768
+  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' "$nofile" "$nofile" "$nproc" "$nproc" \
     > "$build_dir/containers.conf"
 fi
 
+# Resolved with a Python 3.11, the images' (Debian bookworm's).
+"$python" -c 'import sys; assert sys.version_info[:2] == (3, 11), "the wheels are resolved for the images: Python 3.11 needed"'
 # The wheels both images install, resolved once here (async-timeout: redis needs it below Python 3.11.3,
 # which Debian's 3.11.2 is and this venv's Python may not be).
 "$python" -m pip download --quiet --disable-pip-version-check --dest deploy/wheels ".[cpu]" "setuptools>=68" wheel \

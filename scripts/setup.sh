@@ -13,7 +13,7 @@ venv="${1:-.venv}"
 # - podman, podman-compose, debootstrap, catatonit: the compose stack test builds the images and runs
 #   deploy/docker-compose.yml (no Docker engine or image registry needed).
 need=()
-have="$(ldconfig -p 2>/dev/null || true)"
+have="$( (command -v ldconfig >/dev/null && ldconfig -p || /sbin/ldconfig -p) 2>/dev/null || true)"
 for pair in libibverbs.so.1:libibverbs1 libnuma.so.1:libnuma1 libcurl.so.4:libcurl4; do
   grep -q "${pair%%:*}" <<<"$have" || need+=("${pair#*:}")
 done

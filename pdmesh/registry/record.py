@@ -27,4 +27,6 @@ def decode_record(text: str | bytes) -> WorkerRecord:
         raise ValueError("no address")
     if record.role == "prefill" and not record.kv_address:
         raise ValueError("a prefill record without its kv_address")
+    if not 0.0 <= record.kv_cache_usage <= 1.0:  # NaN too: it would poison the routing cost
+        raise ValueError(f"kv_cache_usage {record.kv_cache_usage} outside 0..1")
     return record

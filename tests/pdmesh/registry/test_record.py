@@ -41,6 +41,8 @@ def test_fields_a_newer_worker_adds_are_ignored_and_a_zero_load_is_written_out()
     encode_record(_record()).replace('"max_num_seqs": 64', '"max_num_seqs": true'),     # bool is no int
     encode_record(_record()).replace('"max_num_seqs": 64', '"max_num_seqs": 1.5'),
     encode_record(_record()).replace('"role": "prefill"', '"role": "router"'),          # unknown role
+    encode_record(_record()).replace('"kv_cache_usage": 0.25', '"kv_cache_usage": "NaN"'),   # poisons routing
+    encode_record(_record()).replace('"kv_cache_usage": 0.25', '"kv_cache_usage": 1.5'),
 ])
 def test_a_malformed_record_raises_value_error(text):
     with pytest.raises(ValueError):
