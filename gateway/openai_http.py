@@ -207,6 +207,8 @@ async def _json_body(request: web.Request) -> object:
         return json.loads(await request.read())
     except ValueError:
         raise InvalidRequest("the request body is not valid JSON") from None
+    except RecursionError:
+        raise InvalidRequest("the request body is nested too deeply") from None
 
 
 async def _health(request: web.Request) -> web.Response:

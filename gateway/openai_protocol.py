@@ -34,8 +34,8 @@ class _GenerationRequest(BaseModel):
     """Fields both endpoints share; unknown fields are ignored."""
     model_config = ConfigDict(extra="ignore")
     model: str = ""
-    temperature: float | None = Field(1.0, ge=0)
-    top_p: float | None = Field(1.0, gt=0, le=1)
+    temperature: float | None = Field(1.0, ge=0, le=2, allow_inf_nan=False)   # vLLM's and OpenAI's bounds
+    top_p: float | None = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     seed: Int64 | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False

@@ -290,6 +290,8 @@ class RequestRun:
         if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return errors.DeadlineExceeded(f"request {self.state.request_id} ran out of time on {worker.address}")
         error = error_from_rpc_error(exc)
+        if isinstance(error, errors.InternalError):  # the worker's own failure on this request: not retried
+            return error
         if exc.code() not in RETRYABLE_CODES and not isinstance(error, RETRYABLE):
             return error
         if exc.code() == grpc.StatusCode.UNAVAILABLE:

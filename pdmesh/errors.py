@@ -51,3 +51,8 @@ class DeadlineExceeded(PDMeshError):
 
 class Cancelled(PDMeshError):
     """The client went away or cancelled the request."""
+
+
+class InternalError(PDMeshError):
+    """A worker failed on this request itself (a bug, or something its engine refused): another worker
+    would fail the same way, so the gateway does not retry it."""

@@ -9,7 +9,7 @@ import logging
 
 import grpc
 
-from pdmesh.errors import PDMeshError
+from pdmesh.errors import InternalError, PDMeshError
 from pdmesh.status_map import error_from_rpc_error, error_metadata, grpc_status_of
 
 logger = logging.getLogger(__name__)
@@ -21,7 +21,8 @@ def _abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple]:
     if isinstance(exc, PDMeshError):
         return grpc_status_of(exc), str(exc), error_metadata(exc)
     logger.exception("unexpected error in handler")
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}", ()
+    internal = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+    return grpc_status_of(internal), str(internal), error_metadata(internal)
 
 
 def maps_domain_errors(handler):

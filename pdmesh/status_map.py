@@ -19,12 +19,16 @@ STATUS_TABLE: dict[type[errors.PDMeshError], tuple[grpc.StatusCode, int]] = {
     errors.Overloaded: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     errors.DeadlineExceeded: (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
     errors.Cancelled: (grpc.StatusCode.CANCELLED, 499),
+    errors.InternalError: (grpc.StatusCode.INTERNAL, 500),
 }
 
 # Several errors share a code; the exact one travels as trailing metadata under this key.
 ERROR_KEY = "pdmesh-error"
 _ERRORS_BY_NAME = {err.__name__: err for err in STATUS_TABLE}
-_CODE_TO_ERROR = {code: err for err, (code, _) in reversed(list(STATUS_TABLE.items()))}
+# A bare code stands for the first error of that code, except INTERNAL: only a worker's own handler says
+# InternalError (named in the metadata); INTERNAL or UNKNOWN from the transport (a connection torn down
+# mid-call) is a failed worker, which another worker may not repeat.
+_CODE_TO_ERROR = {code: err for err, (code, _) in reversed(list(STATUS_TABLE.items())) if err is not errors.InternalError}
 
 
 def grpc_status_of(exc: BaseException) -> grpc.StatusCode:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pdmesh.errors import InvalidRequest
 from pdmesh.v1 import common_pb2
+
+MAX_TEMPERATURE = 2.0  # vLLM's bound
 
 
 def check_prompt(prompt_token_ids: Sequence[int], max_model_len: int, vocab_size: int) -> None:
@@ -26,10 +29,13 @@ def check_sampling(sampling: common_pb2.SamplingParams, num_prompt_tokens: int, 
         raise InvalidRequest(
             f"prompt ({num_prompt_tokens} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
             f"model's context of {max_model_len} tokens")
-    if sampling.temperature < 0:
-        raise InvalidRequest(f"temperature must be >= 0, got {sampling.temperature}")
-    if not 0 <= sampling.top_p <= 1:
+    # What vLLM's SamplingParams refuses, refused here first (it would fail inside the engine instead).
+    if not (math.isfinite(sampling.temperature) and 0 <= sampling.temperature <= MAX_TEMPERATURE):
+        raise InvalidRequest(f"temperature must be a finite number in [0, {MAX_TEMPERATURE}], got {sampling.temperature}")
+    if not 0 <= sampling.top_p <= 1:  # NaN fails this too; 0 means 1.0
         raise InvalidRequest(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if any(not stop for stop in sampling.stop):
+        raise InvalidRequest("stop cannot contain an empty string")
 
 
 def check_transfer_id(transfer_id: str) -> None:

@@ -35,6 +35,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.requests: list = []
         self.released: list[str] = []  # prefill: transfer ids the gateway released
         self.layerwise_prefill: FakeWorker | None = None  # decode: the prefill a layer-wise request waits on
+        self.decode_status: tuple | None = None  # decode: aborts every call with these context.abort arguments
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
         add = worker_pb2_grpc.add_PrefillServicer_to_server if role == "prefill" \
@@ -63,6 +64,8 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.requests.append(request)
         if self.fail_decode:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died")
+        if self.decode_status is not None:
+            await context.abort(*self.decode_status)
         if request.kv.layerwise and self.layerwise_prefill is not None:
             try:  # a real decode waits for the prompt's last layer: here, for the prefill's answer
                 await self.layerwise_prefill.prefilled.wait()

@@ -7,6 +7,7 @@ import pytest
 from gateway.server import Gateway
 from pdmesh.client import generate, make_request
 from pdmesh.config import GatewaySettings
+from pdmesh.grpc_errors import _abort_args
 from tests.gateway.fake_workers import FakeWorker
 
 
@@ -56,6 +57,30 @@ async def test_decode_failing_before_its_first_token_is_retried_invisibly(tiny_l
         await _stop(gateway, [prefill, broken, healthy])
     assert token_ids == [0, 7, 9]
     assert (last.transfer.num_failovers, last.transfer.resumed_at_token) == (1, 0)
+
+
+async def test_a_workers_own_internal_error_is_not_retried_but_a_torn_down_call_is(tiny_llama_dir):
+    """A worker's handler failing on the request (its InternalError: a bug, what the engine refused) would
+    fail on any worker: the client gets INTERNAL at once. INTERNAL with no such name (the transport's,
+    a call torn down) is a failed worker: retried on the other."""
+    first, second = FakeWorker("decode"), FakeWorker("decode")
+    gateway, address, prefill, addresses = await _mesh(tiny_llama_dir, [first, second])
+    # round robin: the lowest address first, then the other
+    picked_first, picked_second = (first, second) if sorted(addresses)[0] == addresses[0] else (second, first)
+    try:
+        picked_first.decode_status = _abort_args(RuntimeError("engine refused the request"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await generate(address, make_request([0, 7, 9], max_tokens=3))
+        assert caught.value.code() == grpc.StatusCode.INTERNAL
+        assert "engine refused the request" in caught.value.details()
+        assert (len(prefill.requests), len(first.requests) + len(second.requests)) == (1, 1)  # no second attempt
+
+        picked_first.decode_status = None
+        picked_second.decode_status = (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2")
+        token_ids, _, last = await generate(address, make_request([0, 7, 9], max_tokens=3))
+        assert (token_ids, last.transfer.num_failovers) == ([0, 7, 9], 1)
+    finally:
+        await _stop(gateway, [prefill, first, second])
 
 
 async def test_admission_limit_answers_resource_exhausted(tiny_llama_dir):

@@ -60,7 +60,12 @@ async def test_text_prompt_is_tokenized_with_the_models_tokenizer(mesh):
     ({"prompt": [5] * 128}, grpc.StatusCode.INVALID_ARGUMENT, "prompt has 128 tokens; the model's context is 128"),
     ({"prompt": [5] * 100, "max_tokens": 29}, grpc.StatusCode.INVALID_ARGUMENT, "exceeds the model's context"),
     ({"prompt": [5, 4096]}, grpc.StatusCode.INVALID_ARGUMENT, r"token ids \[4096\] outside the vocabulary"),
-    ({"prompt": "hi", "temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0"),
+    ({"prompt": "hi", "temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "temperature must be a finite number"),
+    ({"prompt": "hi", "temperature": float("nan")}, grpc.StatusCode.INVALID_ARGUMENT, "got nan"),
+    ({"prompt": "hi", "temperature": float("inf")}, grpc.StatusCode.INVALID_ARGUMENT, "got inf"),
+    ({"prompt": "hi", "temperature": 2.5}, grpc.StatusCode.INVALID_ARGUMENT, r"in \[0, 2.0\], got 2.5"),
+    ({"prompt": "hi", "top_p": float("nan")}, grpc.StatusCode.INVALID_ARGUMENT, r"top_p must be in \(0, 1\]"),
+    ({"prompt": "hi", "stop": ["ok", ""]}, grpc.StatusCode.INVALID_ARGUMENT, "stop cannot contain an empty string"),
 ])
 async def test_bad_requests_get_invalid_argument_and_reach_no_worker(mesh, request_kwargs, code, message):
     address, prefill, decode = mesh

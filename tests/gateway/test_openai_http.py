@@ -295,6 +295,13 @@ async def test_overloaded_is_429(serve, clients, stream):
     ("/v1/chat/completions", {"messages": CHAT, "n": 3}, "n=3 is not supported: only n=1"),
     ("/v1/completions", "{not json", "the request body is not valid JSON"),
     ("/v1/completions", "[1, 2]", "the request body must be a JSON object"),
+    ("/v1/completions", "[" * 5000 + "]" * 5000, "the request body is nested too deeply"),
+    ("/v1/completions", '{"prompt": "Hi", "temperature": Infinity}',
+     "invalid request: temperature: Input should be a finite number"),
+    ("/v1/completions", '{"prompt": "Hi", "temperature": 2.5}',
+     "invalid request: temperature: Input should be less than or equal to 2"),
+    ("/v1/completions", '{"prompt": "Hi", "temperature": NaN}',
+     "invalid request: temperature: Input should be a finite number"),
 ])
 async def test_unsupported_or_malformed_requests_are_400(serve, path, body, message):
     fake = FakeGenerator()

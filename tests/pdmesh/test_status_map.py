@@ -23,3 +23,5 @@ def test_codes_of_the_client_facing_errors():
 
 def test_unknown_peer_status_becomes_worker_failed():
     assert type(error_from_grpc(grpc.StatusCode.UNKNOWN, "boom")) is errors.WorkerFailed
+    # INTERNAL is an InternalError (not retried) only when the worker's handler named it
+    assert type(error_from_grpc(grpc.StatusCode.INTERNAL, "RST_STREAM")) is errors.WorkerFailed
