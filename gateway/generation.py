@@ -65,7 +65,7 @@ class MeshGenerator:
     async def _generate(self, request: generate_pb2.GenerateRequest, request_id: str, tenant: str,
                         timeout_s: float | None, span):
         info = await self._pool.any_info()
-        prompt_token_ids = self._prompt_token_ids(request, info)
+        prompt_token_ids = await self._prompt_token_ids(request, info)
         state = RunState(request_id, prompt_token_ids, request.sampling, cache_salt_of(tenant, request.cache_salt))
         run = RequestRun(self._pool, self._policy, self.disagg, state, self._deadline(timeout_s),
                          self._settings.max_attempts, self._settings.first_token_from == "prefill",
@@ -92,14 +92,15 @@ class MeshGenerator:
                                                                                  self._settings.request_timeout_s)
         return asyncio.get_running_loop().time() + limit
 
-    def _prompt_token_ids(self, request: generate_pb2.GenerateRequest,
-                          info: worker_pb2.WorkerInfoResponse) -> list[int]:
+    async def _prompt_token_ids(self, request: generate_pb2.GenerateRequest,
+                                info: worker_pb2.WorkerInfoResponse) -> list[int]:
         if request.model and request.model != info.model:
             raise ModelNotFound(f"model {request.model!r} is not served here; available: [{info.model!r}]")
         which = request.WhichOneof("prompt")
         if which is None or (which == "text" and not request.text):
             raise InvalidRequest("prompt is empty")
-        prompt_token_ids = self._tokenizer.encode(request.text) if which == "text" else list(request.token_ids.ids)
+        prompt_token_ids = (await self._tokenizer.encode_async(request.text, info.max_model_len) if which == "text"
+                            else list(request.token_ids.ids))
         self._check_limits(len(prompt_token_ids), request.sampling.max_tokens)
         check_prompt(prompt_token_ids, info.max_model_len, info.vocab_size)
         check_sampling(request.sampling, len(prompt_token_ids), info.max_model_len)

@@ -19,7 +19,7 @@ from aiohttp import web
 from gateway.auth import ApiKeyAuth
 from gateway.chat_template import ChatTemplate
 from gateway.openai_protocol import (ChatCompletionRequest, CompletionRequest, Reply, ReplyHeader,
-                                     chat_prompt_token_ids, chat_to_generate, completion_to_generate, parse_request)
+                                     chat_prompt_text, chat_to_generate, completion_to_generate, parse_request)
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.errors import InvalidRequest, PDMeshError, Unauthenticated
 from pdmesh.status_map import http_status_of
@@ -76,7 +76,8 @@ class OpenAIHttpServer:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         tenant = self._tenant(request)
         body = parse_request(CompletionRequest, await _json_body(request))
-        prompt_ids = self._completion_prompt_ids(body) if body.return_token_ids or body.max_tokens is None else None
+        prompt_ids = await self._completion_prompt_ids(body) if body.return_token_ids or body.max_tokens is None \
+            else None
         request_id = uuid.uuid4().hex
         default_max_tokens = await self._room_after(prompt_ids) if body.max_tokens is None else None
         generate = completion_to_generate(body, request_id, default_max_tokens, prompt_ids)
@@ -88,7 +89,8 @@ class OpenAIHttpServer:
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         tenant = self._tenant(request)
         body = parse_request(ChatCompletionRequest, await _json_body(request))
-        prompt_ids = chat_prompt_token_ids(body, self._chat_template, self._tokenizer)
+        prompt_ids = await self._tokenizer.encode_async(chat_prompt_text(body, self._chat_template),
+                                                        await self._generator.max_model_len(), add_special_tokens=False)
         request_id = uuid.uuid4().hex
         default_max_tokens = await self._room_after(prompt_ids) if body.requested_max_tokens is None else None
         generate = chat_to_generate(body, request_id, prompt_ids, default_max_tokens)
@@ -107,10 +109,12 @@ class OpenAIHttpServer:
     def _tenant(self, request: web.Request) -> str:
         return self._auth.tenant_of(request.headers.get("Authorization"))
 
-    def _completion_prompt_ids(self, body: CompletionRequest) -> list[int]:
+    async def _completion_prompt_ids(self, body: CompletionRequest) -> list[int]:
         """The prompt ids the mesh will run (sent as ids): text tokenized with special tokens, as the mesh does."""
         prompt = body.single_prompt()
-        return self._tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            return await self._tokenizer.encode_async(prompt, await self._generator.max_model_len())
+        return list(prompt)
 
     async def _room_after(self, prompt_ids: list[int]) -> int:
         """max_tokens when the client sets none: the rest of the context (at least 1, so an overlong

@@ -8,7 +8,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.chat_template import ChatTemplate
-from gateway.tokenizer import PromptTokenizer
 from pdmesh.errors import InvalidRequest
 from pdmesh.v1 import common_pb2, generate_pb2
 
@@ -166,18 +165,16 @@ def completion_to_generate(body: CompletionRequest, request_id: str, default_max
 
 def chat_to_generate(body: ChatCompletionRequest, request_id: str, prompt_token_ids: list[int],
                      default_max_tokens: int | None = None) -> generate_pb2.GenerateRequest:
-    """`prompt_token_ids`: the rendered chat (see chat_prompt_token_ids)."""
+    """`prompt_token_ids`: the rendered chat (chat_prompt_text), tokenized."""
     request = _generate_request(body, request_id, body.requested_max_tokens or default_max_tokens)
     request.token_ids.ids.extend(prompt_token_ids)
     return request
 
 
-def chat_prompt_token_ids(body: ChatCompletionRequest, template: ChatTemplate,
-                          tokenizer: PromptTokenizer) -> list[int]:
-    """The messages rendered by the chat template, tokenized without special tokens (the template
+def chat_prompt_text(body: ChatCompletionRequest, template: ChatTemplate) -> str:
+    """The messages rendered by the chat template; tokenized without special tokens (the template
     writes them itself), as vLLM does for chat."""
-    text = template.render([m.template_dict() for m in body.messages], body.add_generation_prompt)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return template.render([m.template_dict() for m in body.messages], body.add_generation_prompt)
 
 
 def _generate_request(body: _GenerationRequest, request_id: str,

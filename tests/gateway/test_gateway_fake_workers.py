@@ -2,6 +2,7 @@
 
 import asyncio
 import re
+import threading
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import grpc
 import pytest
 
 from gateway.server import Gateway
+from gateway.tokenizer import PromptTokenizer
 from pdmesh.client import generate, make_request
 from pdmesh.config import GatewaySettings
 from pdmesh.v1 import common_pb2, generate_pb2
@@ -75,6 +77,28 @@ async def test_bad_requests_get_invalid_argument_and_reach_no_worker(mesh, reque
     assert info.value.code() == code
     assert re.search(message, info.value.details())
     assert prefill.requests == [] and decode.requests == []
+
+
+async def test_a_text_prompt_longer_than_any_context_is_refused_untokenized_and_others_tokenize_off_the_loop(
+        mesh, monkeypatch):
+    """3 MB of text cannot fit 128 tokens: refused before the tokenizer sees it (it would take seconds, and
+    stall every stream meanwhile). A text that may fit is tokenized on a worker thread, not the event loop."""
+    address, prefill, decode = mesh
+    threads = []
+    encode = PromptTokenizer.encode
+
+    def spying_encode(self, text, add_special_tokens=True):
+        threads.append(threading.current_thread())
+        return encode(self, text, add_special_tokens)
+
+    monkeypatch.setattr(PromptTokenizer, "encode", spying_encode)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await generate(address, make_request("x" * 3_000_000, max_tokens=1))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompt of 3000000 characters is longer than the model's context of 128 tokens" in info.value.details()
+    assert (threads, prefill.requests, decode.requests) == ([], [], [])
+    await generate(address, make_request("Hello world", max_tokens=1))
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
 
 
 async def test_unknown_model_is_not_found(mesh):

@@ -310,6 +310,22 @@ async def test_unsupported_or_malformed_requests_are_400(serve, path, body, mess
     assert fake.calls == []
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "x" * 10_000_000, "return_token_ids": True}),  # ids it would report
+    ("/v1/completions", {"prompt": "x" * 10_000_000, "max_tokens": None}),        # the room left for max_tokens
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 10_000_000}]}),
+])
+async def test_a_prompt_longer_than_any_context_is_refused_before_it_is_tokenized(serve, tokenizer, monkeypatch,
+                                                                                 path, body):
+    encoded = []
+    monkeypatch.setattr(tokenizer, "encode", lambda *args, **kwargs: encoded.append(args) or [0])
+    fake = FakeGenerator()
+    status, _, text = await _post(await serve(fake), path, body)
+    assert (status, json.loads(text)["error"]["type"]) == (400, "InvalidRequest")
+    assert f"longer than the model's context of {MAX_MODEL_LEN} tokens can hold" in json.loads(text)["error"]["message"]
+    assert (encoded, fake.calls) == ([], [])
+
+
 async def test_field_errors_name_the_fields(serve):
     body = {"prompt": "Hi", "max_tokens": 0, "temperature": -1}
     status, _, text = await _post(await serve(FakeGenerator()), "/v1/completions", body)
