@@ -89,8 +89,7 @@ class OpenAIHttpServer:
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         tenant = self._tenant(request)
         body = parse_request(ChatCompletionRequest, await _json_body(request))
-        prompt_ids = await self._tokenizer.encode_async(chat_prompt_text(body, self._chat_template),
-                                                        await self._generator.max_model_len(), add_special_tokens=False)
+        prompt_ids = await self._encode(chat_prompt_text(body, self._chat_template), add_special_tokens=False)
         request_id = uuid.uuid4().hex
         default_max_tokens = await self._room_after(prompt_ids) if body.requested_max_tokens is None else None
         generate = chat_to_generate(body, request_id, prompt_ids, default_max_tokens)
@@ -112,9 +111,11 @@ class OpenAIHttpServer:
     async def _completion_prompt_ids(self, body: CompletionRequest) -> list[int]:
         """The prompt ids the mesh will run (sent as ids): text tokenized with special tokens, as the mesh does."""
         prompt = body.single_prompt()
-        if isinstance(prompt, str):
-            return await self._tokenizer.encode_async(prompt, await self._generator.max_model_len())
-        return list(prompt)
+        return await self._encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    async def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenized off the event loop; a text the context cannot hold is refused untokenized."""
+        return await self._tokenizer.encode_async(text, await self._generator.max_model_len(), add_special_tokens)
 
     async def _room_after(self, prompt_ids: list[int]) -> int:
         """max_tokens when the client sets none: the rest of the context (at least 1, so an overlong

@@ -75,10 +75,9 @@ if [ "$engine" = podman ]; then
     > "$build_dir/containers.conf"
 fi
 
-# Resolved with a Python 3.11, the images' (Debian bookworm's).
+# The wheels both images install, resolved once here with a Python 3.11, the images' (Debian bookworm's);
+# async-timeout: redis needs it below Python 3.11.3, which Debian's 3.11.2 is and this venv's may not be.
 "$python" -c 'import sys; assert sys.version_info[:2] == (3, 11), "the wheels are resolved for the images: Python 3.11 needed"'
-# The wheels both images install, resolved once here (async-timeout: redis needs it below Python 3.11.3,
-# which Debian's 3.11.2 is and this venv's Python may not be).
 "$python" -m pip download --quiet --disable-pip-version-check --dest deploy/wheels ".[cpu]" "setuptools>=68" wheel \
   "async-timeout>=4.0.3"
 rm -f deploy/wheels/pdmesh-*

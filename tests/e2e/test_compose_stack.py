@@ -18,13 +18,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-import grpc
 import openai
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdmesh.client import generate, make_request
 from pdmesh.engine import free_port
+from pdmesh.healthcheck import serving
 from tests.e2e.conftest import MAX_TOKENS, USER_TEXT_PROMPTS, token_prompts
 
 pytestmark = pytest.mark.containers
@@ -101,19 +100,11 @@ def _wait_healthy(stack: Stack, services: list[str]) -> None:
 
 
 def _wait_serving(address: str) -> None:
+    host, port = address.rsplit(":", 1)
     deadline = time.monotonic() + START_TIMEOUT_S
-    while asyncio.run(_health(address)) != health_pb2.HealthCheckResponse.SERVING:
+    while not serving(host, int(port)):  # what the workers' compose health check runs
         assert time.monotonic() < deadline, f"nothing serving on {address}"
         time.sleep(1)
-
-
-async def _health(address: str) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        except grpc.aio.AioRpcError:
-            return health_pb2.HealthCheckResponse.UNKNOWN
-    return response.status
 
 
 def test_the_openai_client_and_grpc_on_the_published_ports_answer_like_monolithic_vllm(stack, reference):

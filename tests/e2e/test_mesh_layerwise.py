@@ -92,12 +92,7 @@ async def test_prefill_killed_mid_prefill_is_retried_on_the_other_prefill(
     cluster = layerwise_cluster
     want = reference["runs"][12]["token_ids"][1]
     request = make_request(kill_prompts("layerwise")[1], max_tokens=MAX_TOKENS, request_id="slow-prefill-killed")
-    async with in_process_gateway(cluster, tiny_llama_dir, with_gateway=True, kv_flow="layerwise") as (gateway,
-                                                                                                      address):
-        running = asyncio.create_task(generate(address, request))
-        victim = await _mid_prefill(gateway)
-        _kill(cluster, victim)
-        token_ids, _, last = await running
+    token_ids, last, victim = await _generate_killing(cluster, tiny_llama_dir, request, _mid_prefill)
     assert token_ids == want
     assert (last.transfer.num_failovers, last.transfer.layerwise) == (1, True)
     assert last.transfer.prefill_worker != victim
@@ -109,13 +104,13 @@ async def test_decode_killed_mid_read_is_retried_and_the_prefill_frees_its_block
     cluster = layerwise_cluster
     want = reference["runs"][12]["token_ids"][0]
     request = make_request(kill_prompts("layerwise")[0], max_tokens=MAX_TOKENS, request_id="slow-decode-killed")
-    async with in_process_gateway(cluster, tiny_llama_dir, with_gateway=True, kv_flow="layerwise",
-                                  prefill_workers=_live(cluster, "prefill")) as (gateway, address):
-        running = asyncio.create_task(generate(address, request))
+
+    async def decode_mid_read(gateway) -> str:
         await _mid_prefill(gateway)
-        victim = await _in_flight(gateway, "decode")
-        _kill(cluster, victim)
-        token_ids, _, last = await running
+        return await _in_flight(gateway, "decode")
+
+    token_ids, last, victim = await _generate_killing(cluster, tiny_llama_dir, request, decode_mid_read,
+                                                      prefill_workers=_live(cluster, "prefill"))
     assert token_ids == want
     assert last.transfer.num_failovers == 1 and last.transfer.decode_worker != victim
     await _idle(cluster)
@@ -136,6 +131,18 @@ def _live(cluster: LocalCluster, role: str = "") -> list[str]:
 def _kill(cluster: LocalCluster, address: str) -> None:
     cluster.kill(cluster.worker_names[address])
     cluster.killed.append(address)
+
+
+async def _generate_killing(cluster: LocalCluster, tokenizer_dir, request, victim_of, **gateway_settings):
+    """(token ids, last response, victim): the request through a layer-wise gateway, the worker that
+    `victim_of(gateway)` names SIGKILLed while it runs."""
+    async with in_process_gateway(cluster, tokenizer_dir, with_gateway=True, kv_flow="layerwise",
+                                  **gateway_settings) as (gateway, address):
+        running = asyncio.create_task(generate(address, request))
+        victim = await victim_of(gateway)
+        _kill(cluster, victim)
+        token_ids, _, last = await running
+    return token_ids, last, victim
 
 
 async def _until(condition, what: str, timeout_s: float = 30.0) -> None:
