@@ -1,4 +1,4 @@
-"""`pdmesh` command: build-models, up (local demo cluster), generate (client)."""
+"""`pdmesh` command: build-models, digest-weights, up (local demo cluster), generate (client)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ def _build_models(args: argparse.Namespace) -> int:
 
     print(f"tiny Llama written to {build_llama(out / 'tiny-llama')}")
     print(f"tiny DeepSeek-V2 (MoE + MLA) written to {build_deepseek_v2(out / 'tiny-deepseek-v2')}")
+    return 0
+
+
+def _digest_weights(args: argparse.Namespace) -> int:
+    from pdmesh.weights_digest import cache_path, weights_digest
+
+    digest = weights_digest(args.model)
+    print(f"{digest}  (cached in {cache_path(Path(args.model))})")
     return 0
 
 
@@ -105,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--tokenizer-only", action="store_true",
                        help="only the tiny Llama's tokenizer files (a gateway's; needs no torch)")
     build.set_defaults(func=_build_models)
+
+    digest = sub.add_parser("digest-weights", help="hash a model's weights by content once (workers hash them "
+                            "at start unless a cached digest is found: run this where a model is staged)")
+    digest.add_argument("model", help="model folder")
+    digest.set_defaults(func=_digest_weights)
 
     up = sub.add_parser("up", help="start gateway + prefill + decode locally and run a demo prompt")
     up.add_argument("--model", default=str(DEFAULT_MODEL_DIR))

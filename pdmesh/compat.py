@@ -8,6 +8,7 @@ import xxhash
 
 from pdmesh.errors import Incompatible
 from pdmesh.v1 import common_pb2
+from pdmesh.weights_digest import weights_digest
 
 # Bump when the byte layout of a block on the wire changes.
 LAYOUT_VERSION = 1
@@ -16,13 +17,13 @@ _RANK_FIELDS = ("block_nbytes", "num_kv_heads")  # what each rank holds
 
 
 def model_fingerprint(model_dir: str | Path, dtype: str, block_size: int) -> str:
-    """Hex digest over the model's config, weight file names and sizes, dtype, block size, layout version."""
+    """Hex digest over the model's config, its weights' content (weights_digest), dtype, block size and
+    layout version: any two engines whose KV could differ for the same tokens differ here."""
     root = Path(model_dir)
     hasher = xxhash.xxh3_128()
     config = root / "config.json"
     hasher.update(config.read_bytes() if config.exists() else str(model_dir).encode())
-    for weight_file in sorted(root.glob("*.safetensors")):
-        hasher.update(f"{weight_file.name}:{weight_file.stat().st_size};".encode())
+    hasher.update(f"weights={weights_digest(root)};".encode())
     hasher.update(f"dtype={dtype};block_size={block_size};layout_v={LAYOUT_VERSION}".encode())
     return hasher.hexdigest()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import urllib.request
 import signal
 import subprocess
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from pdmesh.weights_digest import CACHE_NAME, weights_digest
 
 pytestmark = pytest.mark.vllm
 PDMESH = [sys.executable, "-m", "pdmesh.cli"]
@@ -83,3 +86,12 @@ def test_build_models_tokenizer_only_writes_the_tiny_llamas_tokenizer_without_to
     assert written == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
     for name in written:
         assert (tmp_path / "tiny-llama" / name).read_bytes() == (tiny_llama_dir / name).read_bytes()
+
+
+def test_digest_weights_writes_the_cache_a_worker_then_reads(tiny_llama_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model, ignore=shutil.ignore_patterns(CACHE_NAME))
+    result = subprocess.run([sys.executable, "-m", "pdmesh.cli", "digest-weights", str(model)], check=True,
+                            capture_output=True, text=True, timeout=120)
+    assert (model / CACHE_NAME).exists()
+    assert result.stdout.split()[0] == weights_digest(model)
