@@ -15,7 +15,7 @@ from gateway.request_run import RequestRun, RunState
 from gateway.routing import RoutePolicy
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.config import GatewaySettings
-from pdmesh.errors import InvalidRequest, ModelNotFound, Overloaded
+from pdmesh.errors import InvalidRequest, ModelNotFound, Overloaded, PDMeshError
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import request_context, tracer
@@ -59,6 +59,9 @@ class MeshGenerator:
                     observe_request(self._metrics):
                 async for response in self._generate(request, request_id, tenant, timeout_s, span):
                     yield response
+        except PDMeshError as exc:   # what the client is told; bad input included (a client's mistake)
+            logger.warning("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+            raise
         finally:
             self.num_in_flight -= 1
 

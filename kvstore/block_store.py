@@ -256,9 +256,11 @@ class TieredBlockStore:
             if victims and tier + 1 < len(self._tiers):
                 for victim in victims:
                     victim.num_readers += 1  # pinned while the tier below makes room (it may evict too)
-                room = self._make_room(tier + 1, len(victims), work)
-                for victim in victims:
-                    victim.num_readers -= 1
+                try:
+                    room = self._make_room(tier + 1, len(victims), work)
+                finally:
+                    for victim in victims:
+                        victim.num_readers -= 1
                 self._move(victims[:room], tier + 1, work)
                 victims = victims[room:]
             for victim in victims:

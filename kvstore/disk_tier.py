@@ -146,6 +146,7 @@ class DiskTier:
         self.capacity_blocks = capacity_bytes // block_nbytes
         self._block_nbytes = block_nbytes
         self._fsync = fsync
+        self.num_journal_errors = 0   # records the disk had no room for (see free)
         self._journal_path = self.directory / JOURNAL_NAME
         self._journal_lock = threading.Lock()
         self._remove_debris()
@@ -199,10 +200,17 @@ class DiskTier:
                 raise ValueError(f"nvme: short read of slots {slot}..{slot + count - 1} ({nbytes} bytes)")
 
     def free(self, handle: int) -> None:
+        """Never fails: a free record the disk has no room for (ENOSPC) is left out. A restart may then
+        recover the freed block from the slot: its old bytes, or a later block's whose place record
+        was not written either, which fails its checksum on read and is dropped."""
         with self._journal_lock:
             freed = self._live.pop(handle, None)
             self._live_nbytes -= len(freed.record) if freed else 0
-            _write_all(self._journal_fd, _record(_FREE, handle))  # durable with the next commit
+            try:
+                _write_all(self._journal_fd, _record(_FREE, handle))  # durable with the next commit
+            except OSError as exc:
+                self.num_journal_errors += 1
+                logger.warning("nvme: free record of slot %d not written: %s", handle, exc)
         self._free_slots.give_back(handle)
 
     def recovered(self) -> Iterator[tuple[BlockKey, int, int]]:

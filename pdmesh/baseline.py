@@ -11,6 +11,7 @@ model's chat template); OUT = {"runs":
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,18 @@ def _outputs(outputs, seconds: float) -> dict:
         "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
         "seconds": seconds,
     }
+
+
+def run_in_subprocess(model_dir: Path, runs: list[dict], work_dir: Path, timeout_s: float = 600) -> dict:
+    """run_baseline in a subprocess (one monolithic engine on both cores; its engine processes spawn
+    and exit with it): the returned dict's "runs" match `runs`."""
+    spec = {"model": str(model_dir), "omp_threads_bind": "0-1", "runs": runs}
+    (work_dir / "in.json").write_text(json.dumps(spec))
+    result = subprocess.run([sys.executable, "-m", "pdmesh.baseline", str(work_dir / "in.json"),
+                             str(work_dir / "out.json")], capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        raise RuntimeError(f"monolithic vLLM failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return json.loads((work_dir / "out.json").read_text())
 
 
 def main() -> None:

@@ -33,6 +33,9 @@ class _Process:
     popen: subprocess.Popen
     ready_file: Path
     log_path: Path
+    command: list[str]               # without the ready-file flags
+    env: dict[str, str] | None
+    ready: dict = field(default_factory=dict)   # what it wrote to its ready file
 
 
 @dataclass
@@ -44,6 +47,7 @@ class LocalCluster:
     num_decode: int = 1
     worker_args: list[str] = field(default_factory=list)   # extra CLI flags for every worker
     prefill_args: list[str] = field(default_factory=list)  # and for prefill workers only (after those)
+    args_by_name: dict[str, list[str]] = field(default_factory=dict)  # and for one process ("prefill-0"), last
     telemetry_args: list[str] = field(default_factory=list)  # --telemetry.* flags for every process
     gateway_args: list[str] = field(default_factory=list)    # extra CLI flags for the gateway
     store_dir: Path | None = None   # each prefill worker's KV store keeps its NVMe tier in a folder under it
@@ -109,13 +113,30 @@ class LocalCluster:
 
     def kill(self, name: str) -> None:
         """SIGKILLs a process (and its engine's processes): a crash, not a shutdown."""
-        self._kill_group(next(p for p in self._processes if p.name == name))
+        self._kill_group(self._named(name))
         segments.sweep()
+
+    def restart(self, name: str) -> None:
+        """Starts a killed worker again on the ports it had, so every address of it still holds."""
+        old = self._named(name)
+        if old.popen.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        self._processes.remove(old)
+        ports = ["--port", old.ready["address"].rsplit(":", 1)[1]]
+        if old.ready.get("kv_port"):   # the port it bound (kv_address may be a proxy's, advertised)
+            ports += ["--kv_port", str(old.ready["kv_port"])]
+        self._wait_ready(self._spawn(name, [*old.command, *ports], old.env, restart=True))
+
+    def is_running(self, name: str) -> bool:
+        return self._named(name).popen.poll() is None
 
     def signal(self, name: str, signum: int) -> None:
         """Sends a signal to a process and its engine's processes (SIGSTOP / SIGCONT: a worker that
         hangs, then comes back)."""
-        os.killpg(next(p for p in self._processes if p.name == name).popen.pid, signum)
+        os.killpg(self._named(name).popen.pid, signum)
+
+    def _named(self, name: str) -> _Process:
+        return next(p for p in self._processes if p.name == name)
 
     def logs(self) -> str:
         return "\n".join(f"==> {p.name} <==\n{p.log_path.read_text()[-4000:]}" for p in self._processes)
@@ -136,6 +157,7 @@ class LocalCluster:
             args += self.prefill_args
         else:  # its engine loop spins while requests wait for KV: keep all of it off prefill's cores
             args += ["--process_cpus", str(core)]
+        args += self.args_by_name.get(f"{role}-{index}", [])
         return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args],
                            env={**os.environ, "PDMESH_WORKER_MESH_TOKEN": self.mesh_token})
 
@@ -147,14 +169,15 @@ class LocalCluster:
                      "--decode_workers", json.dumps(self.decode_addresses)]
         return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
 
-    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> _Process:
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None,
+               restart: bool = False) -> _Process:
         ready_file = self.run_dir / f"{name}.ready.json"
         ready_file.unlink(missing_ok=True)
         log_path = self.run_dir / f"{name}.log"
-        with log_path.open("w") as log:
+        with log_path.open("a" if restart else "w") as log:   # a restarted process's log follows its last one
             popen = subprocess.Popen([*command, "--ready_file", str(ready_file), "--exit_with_parent"], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        process = _Process(name, popen, ready_file, log_path)
+        process = _Process(name, popen, ready_file, log_path, command, env)
         self._processes.append(process)
         return process
 
@@ -167,4 +190,5 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{process.name} not ready after {self.startup_timeout_s}s")
             time.sleep(0.2)
-        return json.loads(process.ready_file.read_text())
+        process.ready = json.loads(process.ready_file.read_text())
+        return process.ready

@@ -188,6 +188,7 @@ class WorkerSettings(_LayeredSettings):
     kv_host: str = "127.0.0.1"         # prefill: where its KV-transfer server listens
     kv_advertise_host: str | None = None  # how decode reaches it (a container's service name); default kv_host
     kv_port: int = 0                   # 0: pick a free port before the engine starts
+    kv_advertise_port: int | None = None  # the port decode dials (a port mapping or proxy in front); default kv_port
     # How KV moves between prefill and decode (pdmesh/transport/kv_transport.py): "auto" agrees the best
     # both ends support per peer (shared memory on one host, Mooncake, else gRPC); a name forces that one.
     kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
@@ -233,6 +234,10 @@ class WorkerSettings(_LayeredSettings):
     def kv_host_for_peers(self) -> str:
         """The host decode workers dial for this worker's KV (kv_advertise_host, else kv_host)."""
         return self.kv_advertise_host or self.kv_host
+
+    def kv_address_for_peers(self, kv_port: int) -> str:
+        """host:port decode workers dial for this worker's KV, its server bound on kv_port."""
+        return f"{self.kv_host_for_peers}:{self.kv_advertise_port or kv_port}"
 
 
 class GatewaySettings(_LayeredSettings):

@@ -66,7 +66,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     pin_process(settings.process_cpus)  # before the engine's processes start: they inherit it
     engine = build_worker_engine(settings, kv_port, [stat_logger_factory(metrics, block_nbytes_holder)])
     try:
-        info = await describe_worker(settings, engine, f"{settings.kv_host_for_peers}:{kv_port}")
+        info = await describe_worker(settings, engine, settings.kv_address_for_peers(kv_port))
         block_nbytes_holder.append(info.compat.block_nbytes)
         server = AioServer([service_name, "pdmesh.v1.WorkerInfo"])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
@@ -80,7 +80,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
         logger.info("%s worker serving on %s (KV %s, metrics %s)", settings.role, address, info.kv_address or "-",
                     metrics_address or "off")
         write_ready_file(settings.ready_file, address=address, kv_address=info.kv_address, role=settings.role,
-                         metrics_address=metrics_address)
+                         metrics_address=metrics_address, kv_port=kv_port if settings.role == "prefill" else 0)
         await wait_for_termination_signal(settings.exit_with_parent)
         metrics.healthy.labels(settings.role).set(0)
         if registration is not None:

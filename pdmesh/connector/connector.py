@@ -61,7 +61,9 @@ class PDMeshConnector(KVConnectorBase_V1):
             lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s,
                                                    auth))
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
-            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{kv_port}", lookup, tp_size=tp_size)
+            advertise_port = int(extra.get("kv_advertise_port") or kv_port)
+            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{advertise_port}", lookup,
+                                                 tp_size=tp_size)
         else:
             if extra.get("gil_switch_interval_s"):  # the KV threads' GIL handoffs (pdmesh/config.py)
                 sys.setswitchinterval(float(extra["gil_switch_interval_s"]))
@@ -77,6 +79,7 @@ class PDMeshConnector(KVConnectorBase_V1):
             pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
             telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
             store=store, kv_advertise_host=extra.get("kv_advertise_host"),
+            kv_advertise_port=int(extra.get("kv_advertise_port") or kv_port),
             transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank(),
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             num_kv_heads=vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config))

@@ -58,7 +58,7 @@ MAX_LAYERWISE_READS = 64
 class ConnectorWorker:
     def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
                  hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
-                 store: StoreSettings | None = None, kv_advertise_host: str | None = None,
+                 store: StoreSettings | None = None, kv_advertise_host: str | None = None, kv_advertise_port: int = 0,
                  transport: KVTransportSettings | None = None, tp_rank: int = 0, tp_size: int = 1,
                  num_kv_heads: int = 0) -> None:
         role = "prefill" if is_producer else "decode"
@@ -73,6 +73,7 @@ class ConnectorWorker:
         self._num_kv_heads = num_kv_heads
         self._kv_host, self._kv_port = kv_host, kv_port + tp_rank if kv_port else 0
         self._kv_advertise_host = kv_advertise_host or kv_host
+        self._kv_advertise_port = kv_advertise_port + tp_rank if kv_advertise_port else 0
         self._transport = transport or KVTransportSettings()
         self._store_settings = store if store is not None and store.enabled and is_producer else None
         self.store: StoreAgent | None = None
@@ -149,7 +150,8 @@ class ConnectorWorker:
         if self.store is not None:
             control = GrpcKVReceiver(self.compat, self._store_settings.fetch_timeout_s, auth)
             self.store.connect(KVLinks(control, self._readers(control), store=True))
-            self.store.attach(f"{self._kv_advertise_host}:{self._server.address.rsplit(':', 1)[1]}")
+            port = self._kv_advertise_port or int(self._server.address.rsplit(":", 1)[1])
+            self.store.attach(f"{self._kv_advertise_host}:{port}")
         logger.info("pdmesh KV server on %s%s, transports %s", self._server.address,
                     " (with KV store)" if self.store else "",
                     [e.transport for e in self._exporters] + ([GRPC] if self._transport.allows(GRPC) else []))

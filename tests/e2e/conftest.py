@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from gateway.server import Gateway
+from pdmesh.baseline import run_in_subprocess
 from pdmesh.cluster import LocalCluster
 from pdmesh.config import GatewaySettings, TlsSettings
 from pdmesh.tls import open_channel
@@ -86,16 +84,6 @@ FAILOVER_PROMPT = [0] + [(i * 53 + 7) % 1000 + 3 for i in range(99)]
 FAILOVER_SAMPLING = {"max_tokens": 200, "temperature": 0.0, "ignore_eos": True}
 
 
-def run_reference(model_dir: Path, runs: list[dict], work: Path) -> dict:
-    """Runs pdmesh.baseline (one monolithic vLLM engine on both cores) in a subprocess."""
-    spec = {"model": str(model_dir), "omp_threads_bind": "0-1", "runs": runs}
-    (work / "in.json").write_text(json.dumps(spec))
-    result = subprocess.run([sys.executable, "-m", "pdmesh.baseline", str(work / "in.json"), str(work / "out.json")],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads((work / "out.json").read_text())
-
-
 @pytest.fixture(scope="session")
 def reference(tiny_llama_dir, tmp_path_factory) -> dict:
     """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
@@ -104,7 +92,7 @@ def reference(tiny_llama_dir, tmp_path_factory) -> dict:
     [8] greedy on each transport's tamper_prompts (flattened, in KV_TRANSPORTS order), [9] the same
     for kill_prompts, [10] greedy on LAYERWISE_PROMPTS, [11] as [8] for the layer-wise flow's
     tamper_prompts(f"layerwise-{transport}"), [12] greedy on kill_prompts("layerwise")."""
-    return run_reference(tiny_llama_dir, [
+    return run_in_subprocess(tiny_llama_dir, [
         {"prompts": token_prompts(), "sampling": GREEDY},
         {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
         {"prompts": token_prompts()[:4], "sampling": SEEDED},

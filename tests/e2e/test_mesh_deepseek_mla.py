@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
+from pdmesh.baseline import run_in_subprocess
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
-from tests.e2e.conftest import (GREEDY, MAX_TOKENS, assert_nothing_pinned, in_process_gateway, run_reference,
-                                worker_stats)
+from tests.e2e.conftest import GREEDY, MAX_TOKENS, assert_nothing_pinned, in_process_gateway, worker_stats
 
 pytestmark = pytest.mark.vllm
 
@@ -36,7 +36,7 @@ def _num_blocks(prompt: list[int]) -> int:
 
 @pytest.fixture(scope="module")
 def mla_reference(tiny_deepseek_dir, tmp_path_factory) -> list[list[int]]:
-    runs = run_reference(tiny_deepseek_dir, [{"prompts": _prompts(), "sampling": GREEDY, "one_at_a_time": True}],
+    runs = run_in_subprocess(tiny_deepseek_dir, [{"prompts": _prompts(), "sampling": GREEDY, "one_at_a_time": True}],
                          tmp_path_factory.mktemp("mla-reference"))["runs"]
     return runs[0]["token_ids"]
 

@@ -212,3 +212,31 @@ def test_a_failed_disk_write_drops_its_blocks(tmp_path):
     assert (store.tier_of(k[0].block_hash), store.num_pinned, store.num_dropped) == (None, 0, 1)
     assert recorder.events[-1] == BlockDropped(k[0].block_hash)
     assert store.longest_prefix(k[1:]) == 2
+
+
+def test_a_full_disk_fails_no_put_and_leaves_no_block_pinned(tmp_path, monkeypatch):
+    """ENOSPC on every write, the journal's free records too (the NVMe tier's filesystem filled):
+    puts still succeed in memory, evictions from NVMe still free their slots, nothing stays pinned."""
+    store = three_tier_store(tmp_path, device_blocks=1, dram_blocks=1, nvme_blocks=2)
+    disk = store._tiers[2]
+    k = keys(8)
+    for i, key in enumerate(k[:4]):
+        assert store.put(key, payload(i))
+    assert len(store.blocks_in("nvme")) == 2
+
+    def no_space(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("kvstore.disk_tier._write_all", no_space)
+    monkeypatch.setattr("kvstore.disk_tier._pwrite_all", no_space)
+    for i, key in enumerate(k[4:], start=4):
+        assert store.put(key, payload(i))
+    assert store.num_pinned == 0
+    assert disk.num_free == disk.capacity_blocks - len(store.blocks_in("nvme"))
+    assert disk.num_journal_errors > 0
+    monkeypatch.undo()   # space again: the tier takes blocks as before
+    for i, key in enumerate(keys(4, first_token=1000)):
+        assert store.put(key, payload(i))
+    assert len(store.blocks_in("nvme")) == 2 and store.num_pinned == 0
+    held = store.blocks_in("nvme")[0]
+    assert store.read(next(key for key in keys(4, first_token=1000) if key.block_hash == held))[1] == "nvme"

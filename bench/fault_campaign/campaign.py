@@ -1,0 +1,76 @@
+"""Runs a fault's trials under a stream load and sums up what became of every request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from bench.fault_campaign.faults import Fault, Trial
+from bench.fault_campaign.load import StreamLoad, Workload
+from bench.fault_campaign.mesh import FaultMesh
+from bench.fault_campaign.outcomes import GOOD, Outcome, tally
+
+WARMUP_S = 2.0
+PAUSE_S = 1.0          # load between trials
+
+
+@dataclass
+class FaultResult:
+    fault: str
+    description: str
+    trials: int = 0
+    trials_hit: int = 0          # trials whose victim was in the state the fault is about
+    requests: int = 0
+    requests_hit: int = 0        # in flight at an injection
+    outcomes: dict[str, int] = field(default_factory=dict)
+    leaks: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    skipped: str = ""
+    not_completed: dict[str, int] = field(default_factory=dict)   # the other outcomes' details: how many each
+    trial_notes: list[str] = field(default_factory=list)
+
+    @property
+    def good_share(self) -> float:
+        """Completed with the monolithic tokens or failed with a clear status."""
+        return sum(self.outcomes.get(o.value, 0) for o in GOOD) / self.requests if self.requests else 0.0
+
+    @property
+    def meets_goal(self) -> bool:
+        return not self.skipped and self.requests > 0 and self.good_share == 1.0 and not self.leaks
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "good_share": self.good_share, "meets_goal": self.meets_goal}
+
+
+async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: int, num_streams: int = 16,
+                    hang_s: float = 120.0) -> FaultResult:
+    result = FaultResult(fault.name, fault.description)
+    reason = fault.unavailable(mesh)
+    if reason is not None:
+        result.skipped = reason
+        return result
+    started = time.monotonic()
+    done: list[Trial] = []
+    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams, hang_s) as load:
+        await asyncio.sleep(WARMUP_S)
+        for index in range(trials):
+            trial = await asyncio.to_thread(fault.inject, mesh, index)
+            done.append(trial)
+            # A worker starting beside spinning engines on the same cores takes minutes (an OpenMP
+            # start-up competing with busy-waits): recovery runs with the load paused.
+            await load.pause()
+            await asyncio.to_thread(fault.recover, mesh, trial)
+            load.resume()
+            await asyncio.sleep(PAUSE_S)
+    result.leaks = await asyncio.to_thread(mesh.leaks)
+    result.seconds = time.monotonic() - started
+    result.trials, result.trials_hit = len(done), sum(trial.hit for trial in done)
+    result.trial_notes = [f"{t.victim}: {t.note}" for t in done[:5]]
+    result.requests = len(load.results)
+    result.requests_hit = sum(any(r.in_flight_at(t.at_s) for t in done) for r in load.results)
+    result.outcomes = tally(load.results)
+    details = Counter(f"{r.outcome.value}: {r.detail}" for r in load.results if r.outcome != Outcome.COMPLETED)
+    result.not_completed = dict(details.most_common(10))
+    return result

@@ -1,0 +1,175 @@
+"""The faults a campaign injects, one per trial, into a running FaultMesh under load. Each
+`inject` blocks until the fault is over and the mesh is whole again (a killed worker restarted on
+its ports, a stopped one continued, Redis back, the disk emptied) and says what it hit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.fault_campaign.mesh import FaultMesh
+
+BUSY_WAIT_S = 10.0   # how long a fault waits for its victim to be in the state it should hit
+KILLED_FOR_S = 3.0   # how long the load runs on the survivors before a killed worker is restarted
+
+
+@dataclass(frozen=True)
+class Trial:
+    at_s: float        # time.monotonic() of the injection
+    victim: str
+    hit: bool          # the victim was in the state the fault is about (mid-stream, mid-transfer...)
+    note: str = ""
+
+
+class Fault:
+    name = ""
+    description = ""
+
+    def unavailable(self, mesh: FaultMesh) -> str | None:
+        """Why this fault cannot run on this mesh (None: it can)."""
+        return None
+
+    def inject(self, mesh: FaultMesh, index: int) -> Trial:
+        raise NotImplementedError
+
+    def recover(self, mesh: FaultMesh, trial: Trial) -> None:
+        """Makes the mesh whole again after inject (run with the load paused); nothing by default."""
+
+
+class KillWorker(Fault):
+    """SIGKILL a worker (and its engine's processes) while it is busy, then restart it on its ports."""
+
+    def __init__(self, name: str, role: str, description: str, busy, busy_state: str) -> None:
+        self.name, self.role, self.description = name, role, description
+        self._busy, self._busy_state = busy, busy_state
+
+    def inject(self, mesh: FaultMesh, index: int) -> Trial:
+        names = mesh.prefill_names if self.role == "prefill" else mesh.decode_names
+        preferred = names[index % len(names)]
+        victim = mesh.wait_for([preferred, *[n for n in names if n != preferred]], self._busy, BUSY_WAIT_S)
+        at = time.monotonic()
+        mesh.cluster.kill(victim or preferred)
+        time.sleep(KILLED_FOR_S)   # the survivors take the load
+        return Trial(at, victim or preferred, victim is not None, f"{self._busy_state}" if victim else "idle")
+
+    def recover(self, mesh: FaultMesh, trial: Trial) -> None:
+        mesh.cluster.restart(trial.victim)
+
+
+def kill_decode() -> Fault:
+    return KillWorker("sigkill_decode", "decode", "SIGKILL a decode worker mid-stream, restart it",
+                      lambda s: s.num_running_requests > 0, "streaming")
+
+
+def kill_prefill() -> Fault:
+    return KillWorker("sigkill_prefill", "prefill", "SIGKILL a prefill worker holding KV for decode, restart it",
+                      lambda s: s.num_held_transfers > 0, "holding transfers")
+
+
+def kill_store_node() -> Fault:
+    return KillWorker("sigkill_store_node", "prefill", "SIGKILL a prefill worker while its KV store is read, "
+                      "restart it", lambda s: s.kv_store_pinned_blocks > 0, "store blocks pinned by a read")
+
+
+class StopWorker(Fault):
+    name = "sigstop_worker"
+    description = "SIGSTOP a worker past the transfer timeout, then SIGCONT"
+
+    def inject(self, mesh: FaultMesh, index: int) -> Trial:
+        names = [n for pair in zip(mesh.prefill_names, mesh.decode_names) for n in pair]
+        victim = names[index % len(names)]
+        at = time.monotonic()
+        mesh.cluster.signal(victim, signal.SIGSTOP)
+        try:
+            time.sleep(mesh.spec.pull_timeout_s + 2)
+        finally:
+            mesh.cluster.signal(victim, signal.SIGCONT)
+        return Trial(at, victim, True, f"stopped {mesh.spec.pull_timeout_s + 2:.0f} s")
+
+
+class RestartRedis(Fault):
+    name = "restart_redis"
+    description = "restart Redis (the KV store's index: every key lost)"
+
+    def inject(self, mesh: FaultMesh, index: int) -> Trial:
+        keys = mesh.redis.client().dbsize()
+        at = time.monotonic()
+        mesh.redis.restart()
+        time.sleep(2)   # the load runs on the empty index
+        return Trial(at, "redis", keys > 0, f"{keys} keys lost")
+
+
+class FillDisk(Fault):
+    name = "nvme_disk_full"
+    description = "fill a prefill's NVMe tier's filesystem to capacity for 3 s"
+
+    def unavailable(self, mesh: FaultMesh) -> str | None:
+        return None if mesh.nvme_on_tmpfs else "needs root to mount a small tmpfs per NVMe tier"
+
+    def inject(self, mesh: FaultMesh, index: int) -> Trial:
+        victim = mesh.prefill_names[index % len(mesh.prefill_names)]
+        filler = mesh.nvme_dirs[victim] / "filler"
+        at = time.monotonic()
+        try:
+            _fill(filler)
+            before = mesh.stats(victim).kv_store_blocks_saved
+            time.sleep(3)
+            saved = mesh.stats(victim).kv_store_blocks_saved - before
+        finally:
+            filler.unlink(missing_ok=True)
+        return Trial(at, victim, True, f"{saved} blocks saved while full")
+
+
+class ProxyFault(Fault):
+    """Arms the fault proxy in front of a prefill's KV port: its next bulk chunk is cut or corrupted."""
+
+    def __init__(self, name: str, action: str, description: str) -> None:
+        self.name, self.action, self.description = name, action, description
+
+    def inject(self, mesh: FaultMesh, index: int) -> Trial:
+        victim = mesh.prefill_names[index % len(mesh.prefill_names)]
+        proxy = mesh.kv_proxies[victim]
+        before = _failed_blocks(mesh)
+        at = time.monotonic()
+        fired = proxy.arm(self.action).wait(BUSY_WAIT_S)
+        proxy.disarm()
+        time.sleep(1)
+        if not fired:
+            return Trial(at, victim, False, "no bulk chunk passed")
+        return Trial(at, victim, True, f"{_failed_blocks(mesh) - before} blocks failed their read or check, recomputed")
+
+
+def drop_kv_connection() -> Fault:
+    return ProxyFault("drop_kv_connection", "drop", "reset a KV connection mid-chunk (proxy)")
+
+
+def flip_kv_bit() -> Fault:
+    return ProxyFault("flip_kv_wire_bit", "flip", "flip one bit of a KV chunk on the wire (proxy)")
+
+
+def _failed_blocks(mesh: FaultMesh) -> int:
+    """Blocks that decode workers could not read or verify, and store blocks that failed their checks."""
+    return (sum(mesh.stats(name).kv_failed_blocks for name in mesh.decode_names)
+            + sum(mesh.stats(name).kv_store_corrupt_blocks + mesh.stats(name).kv_store_failed_blocks
+                  for name in mesh.prefill_names))
+
+
+def all_faults() -> list[Fault]:
+    return [kill_decode(), kill_prefill(), kill_store_node(), StopWorker(), RestartRedis(), FillDisk(),
+            drop_kv_connection(), flip_kv_bit()]
+
+
+def _fill(path: Path) -> None:
+    """Writes until the filesystem is full (ENOSPC), in megabytes then in pages."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (1 << 20, 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, bytes(size))
+    finally:
+        os.close(fd)

@@ -1,0 +1,166 @@
+"""The campaign's mesh: real Redis (the KV store's index), 2 prefill workers with tiered KV stores
+(each NVMe tier on a small tmpfs of its own, so a disk can be filled), 2 decode workers, a gateway,
+and a fault proxy in front of each prefill's KV port (decode's pulls and other stores' fetches go
+through it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from pdmesh.cluster import LocalCluster
+from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from bench.fault_campaign.proxy import FaultProxy
+from tests.redis_server import RedisServer
+
+REDIS_PASSWORD = "campaign-pw"
+
+
+@dataclass
+class MeshSpec:
+    model_dir: Path
+    run_dir: Path
+    num_prefill: int = 2
+    num_decode: int = 2
+    kv_transport: str = "grpc"      # the transport whose chunks cross the proxy's sockets
+    hold_timeout_s: float = 8.0     # a transfer nobody releases is freed after this
+    pull_timeout_s: float = 4.0     # a stopped peer is given up on after this
+    request_timeout_s: float = 60.0
+    nvme_fs_bytes: int = 32 << 20   # each prefill's NVMe tmpfs
+    store_args: list[str] = field(default_factory=lambda: [
+        "--store.device_bytes", str(2 << 20), "--store.dram_bytes", str(4 << 20),
+        "--store.nvme_bytes", str(64 << 20), "--no-store.nvme_fsync"])
+
+
+class FaultMesh:
+    def __init__(self, spec: MeshSpec) -> None:
+        self.spec = spec
+        self.redis = RedisServer(_fresh_dir(spec.run_dir / "redis"), password=REDIS_PASSWORD)
+        self.kv_proxies: dict[str, FaultProxy] = {}   # prefill name: the proxy in front of its KV port
+        self.nvme_dirs: dict[str, Path] = {}          # prefill name: its NVMe tier's folder
+        self.nvme_on_tmpfs = False
+        self.cluster: LocalCluster | None = None
+
+    @property
+    def prefill_names(self) -> list[str]:
+        return [f"prefill-{i}" for i in range(self.spec.num_prefill)]
+
+    @property
+    def decode_names(self) -> list[str]:
+        return [f"decode-{i}" for i in range(self.spec.num_decode)]
+
+    def __enter__(self) -> "FaultMesh":
+        try:
+            self.redis.start()
+            self.cluster = LocalCluster(
+                self.spec.model_dir, self.spec.run_dir / "cluster", num_prefill=self.spec.num_prefill,
+                num_decode=self.spec.num_decode, worker_args=self._worker_args(),
+                prefill_args=self._store_args(), args_by_name=self._kv_args(),
+                gateway_args=["--route_policy", "round_robin", "--worker_cooldown_s", "1",
+                              "--request_timeout_s", str(self.spec.request_timeout_s)])
+            self.cluster.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+        for proxy in self.kv_proxies.values():
+            proxy.stop()
+        for path in self.nvme_dirs.values():
+            subprocess.run(["umount", str(path)], check=False, capture_output=True)
+        self.redis.stop()
+
+    def stats(self, name: str) -> worker_pb2.WorkerStats:
+        address = next(a for a, n in self.cluster.worker_names.items() if n == name)
+        with grpc.insecure_channel(address) as channel:
+            return worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=5)
+
+    def wait_for(self, names: list[str], busy, timeout_s: float) -> str | None:
+        """The first of `names` whose stats satisfy busy(stats), polled every 20 ms; None at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name in names:
+                with contextlib.suppress(grpc.RpcError):
+                    if busy(self.stats(name)):
+                        return name
+            time.sleep(0.02)
+        return None
+
+    def leaks(self) -> list[str]:
+        """What any worker still holds once the load has stopped and unreleased transfers have
+        expired: held transfers, pinned store blocks, requests, KV cache blocks in use."""
+        deadline = time.monotonic() + self.spec.hold_timeout_s + 10
+        while True:
+            found = [f"{name}: {problem}" for name in self.prefill_names + self.decode_names
+                     for problem in _held(self.stats(name))]
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
+
+    def _worker_args(self) -> list[str]:
+        # No engine prefix cache: every request moves its whole prompt's KV (pulls, store reads), so
+        # the faults land on transfers rather than on prompts cached after their first round.
+        return ["--no-engine.enable_prefix_caching", "--kv_transport", self.spec.kv_transport, "--hold_timeout_s", str(self.spec.hold_timeout_s),
+                "--pull_timeout_s", str(self.spec.pull_timeout_s)]
+
+    def _store_args(self) -> list[str]:
+        return [*self.spec.store_args, "--store.redis_url", self.redis.url, "--store.redis_password", REDIS_PASSWORD,
+                "--store.fetch_timeout_s", str(self.spec.pull_timeout_s)]
+
+    def _kv_args(self) -> dict[str, list[str]]:
+        """Each prefill: a fixed KV port with a proxy in front that it advertises, an NVMe folder."""
+        args = {}
+        for name in self.prefill_names:
+            proxy = self.kv_proxies[name] = FaultProxy().start()
+            kv_port = _port_outside_ephemeral_range()
+            proxy.target = f"127.0.0.1:{kv_port}"
+            self.nvme_dirs[name] = nvme_dir = _fresh_dir(self.spec.run_dir / f"nvme-{name}")
+            self.nvme_on_tmpfs = _mount_tmpfs(nvme_dir, self.spec.nvme_fs_bytes)
+            args[name] = ["--kv_port", str(kv_port), "--kv_advertise_port", proxy.address.rsplit(":", 1)[1],
+                          "--store.nvme_dir", str(nvme_dir)]
+        return args
+
+
+def _held(stats: worker_pb2.WorkerStats) -> list[str]:
+    checks = {"held transfers": stats.num_held_transfers, "pinned store blocks": stats.kv_store_pinned_blocks,
+              "store saves pending": stats.kv_store_saves_pending, "running requests": stats.num_running_requests,
+              "waiting requests": stats.num_waiting_requests, "KV cache in use": stats.kv_cache_usage}
+    return [f"{what} {value}" for what, value in checks.items() if value]
+
+
+def _port_outside_ephemeral_range() -> int:
+    """A free port the kernel never hands out by itself (bind to port 0, outgoing connections): the
+    KV port is chosen before four engines start and bound only once its engine is up, a window in
+    which an ephemeral port could otherwise take it."""
+    low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for port in random.sample(range(max(1024, low - 12000), low), 200):
+        with socket.socket() as sock:
+            with contextlib.suppress(OSError):
+                sock.bind(("127.0.0.1", port))
+                return port
+    raise OSError("no free port below the ephemeral range")
+
+
+def _mount_tmpfs(path: Path, size_bytes: int) -> bool:
+    """A filesystem of its own for an NVMe tier (root only); False where it cannot be mounted."""
+    if os.geteuid() != 0:
+        return False
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
+                             capture_output=True)
+    return mounted.returncode == 0
+
+
+def _fresh_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,56 @@
+"""What became of one request: the monolithic tokens, a clear failure, a hang, or wrong output."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass
+
+import grpc
+
+
+class Outcome(str, enum.Enum):
+    COMPLETED = "completed"            # every token equal to monolithic vLLM's
+    FAILED_CLEAR = "failed_clear"      # a status a client can act on, with a message; tokens so far right
+    FAILED_UNCLEAR = "failed_unclear"  # UNKNOWN, or no message
+    HUNG = "hung"                      # no answer within the campaign's hang limit
+    WRONG = "wrong"                    # a token differs from monolithic vLLM's, or the stream ended short
+
+
+GOOD = (Outcome.COMPLETED, Outcome.FAILED_CLEAR)
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    prompt_index: int
+    started_s: float          # time.monotonic()
+    ended_s: float
+    outcome: Outcome
+    detail: str = ""          # the status and message, or where the tokens went wrong
+
+    def in_flight_at(self, moment_s: float) -> bool:
+        return self.started_s <= moment_s <= self.ended_s
+
+
+def classify(tokens: list[int], expected: list[int], error: grpc.aio.AioRpcError | None = None,
+             hung: bool = False) -> tuple[Outcome, str]:
+    """tokens: what the stream delivered; expected: monolithic vLLM's tokens for the prompt."""
+    if tokens != expected[:len(tokens)]:
+        first = next((i for i, (got, want) in enumerate(zip(tokens, expected)) if got != want), len(expected))
+        return Outcome.WRONG, f"token {first} of {len(tokens)} differs"
+    if hung:
+        return Outcome.HUNG, f"no end after {len(tokens)} tokens"
+    if error is not None:
+        code, message = error.code(), (error.details() or "").strip()
+        detail = f"{code.name}: {message}"
+        if code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.OK) or not message:
+            return Outcome.FAILED_UNCLEAR, detail
+        return Outcome.FAILED_CLEAR, detail
+    if len(tokens) != len(expected):
+        return Outcome.WRONG, f"stream ended after {len(tokens)} of {len(expected)} tokens"
+    return Outcome.COMPLETED, ""
+
+
+def tally(results: list[RequestResult]) -> dict[str, int]:
+    counts = Counter(result.outcome for result in results)
+    return {outcome.value: counts.get(outcome, 0) for outcome in Outcome}
