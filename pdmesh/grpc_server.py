@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
+from pdmesh.malformed_requests import RejectMalformedRequests
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
 
 
@@ -23,7 +24,7 @@ class AioServer:
         # left out: probes are noise in traces, and the interceptor breaks the aio Health.Watch stream
         # (it iterates the handler's result; Watch writes through the context and returns None).
         tracing = aio_server_interceptor(filter_=filters.negate(filters.health_check()))
-        self.server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[tracing])
+        self.server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[tracing, RejectMalformedRequests()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names = list(service_names)
