@@ -21,7 +21,8 @@ from pdmesh.engine import apply_cpu_env, engine_kwargs
 
 
 def run_baseline(spec: dict) -> dict:
-    engine = EngineSettings(model=spec["model"], omp_threads_bind=spec.get("omp_threads_bind", "auto"))
+    engine = EngineSettings(model=spec["model"], omp_threads_bind=spec.get("omp_threads_bind", "auto"),
+                            attention_backend=spec.get("attention_backend"))
     apply_cpu_env(engine)
     from vllm import LLM, SamplingParams
 
@@ -50,10 +51,11 @@ def _outputs(outputs, seconds: float) -> dict:
     }
 
 
-def run_in_subprocess(model_dir: Path, runs: list[dict], work_dir: Path, timeout_s: float = 600) -> dict:
+def run_in_subprocess(model_dir: Path, runs: list[dict], work_dir: Path, timeout_s: float = 600,
+                      attention_backend: str | None = None) -> dict:
     """run_baseline in a subprocess (one monolithic engine on both cores; its engine processes spawn
     and exit with it): the returned dict's "runs" match `runs`."""
-    spec = {"model": str(model_dir), "omp_threads_bind": "0-1", "runs": runs}
+    spec = {"model": str(model_dir), "omp_threads_bind": "0-1", "runs": runs, "attention_backend": attention_backend}
     (work_dir / "in.json").write_text(json.dumps(spec))
     result = subprocess.run([sys.executable, "-m", "pdmesh.baseline", str(work_dir / "in.json"),
                              str(work_dir / "out.json")], capture_output=True, text=True, timeout=timeout_s)

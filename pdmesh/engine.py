@@ -63,8 +63,10 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
 
 def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
     chunking = {"max_num_batched_tokens": engine.max_num_batched_tokens} if engine.max_num_batched_tokens else {}
+    backend = {"attention_backend": engine.attention_backend} if engine.attention_backend else {}
     return {
         **chunking,
+        **backend,
         "model": engine.model,
         "served_model_name": engine.served_model_name,
         "dtype": engine.dtype,

@@ -20,6 +20,7 @@ from pdmesh.cluster import LocalCluster
 from tests.e2e.conftest import GREEDY, MAX_TOKENS, assert_nothing_pinned, in_process_gateway, worker_stats
 
 pytestmark = pytest.mark.vllm
+MLA_BACKEND = "CPU_MLA"   # vLLM's own choice on AMX CPUs (AMX_MLA) refuses float32 weights
 
 MLA_BLOCK_SIZE = 16
 MLA_BLOCK_NBYTES = 3 * MLA_BLOCK_SIZE * 576 * 4  # layers * block_size * (kv_lora_rank + rope dim) * fp32
@@ -37,14 +38,15 @@ def _num_blocks(prompt: list[int]) -> int:
 @pytest.fixture(scope="module")
 def mla_reference(tiny_deepseek_dir, tmp_path_factory) -> list[list[int]]:
     runs = run_in_subprocess(tiny_deepseek_dir, [{"prompts": _prompts(), "sampling": GREEDY, "one_at_a_time": True}],
-                         tmp_path_factory.mktemp("mla-reference"))["runs"]
+                             tmp_path_factory.mktemp("mla-reference"), attention_backend=MLA_BACKEND)["runs"]
     return runs[0]["token_ids"]
 
 
 @pytest.fixture(scope="module")
 def mla_cluster(tiny_deepseek_dir, mla_reference, tmp_path_factory):
     with LocalCluster(tiny_deepseek_dir, tmp_path_factory.mktemp("mla-cluster"),
-                      worker_args=["--engine.served_model_name", "tiny-deepseek-v2"],
+                      worker_args=["--engine.served_model_name", "tiny-deepseek-v2",
+                                   "--engine.attention_backend", MLA_BACKEND],
                       gateway_args=["--first_token_from", "prefill"]) as running:
         yield running
         assert_nothing_pinned(running)
