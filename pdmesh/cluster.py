@@ -33,8 +33,8 @@ class _Process:
     popen: subprocess.Popen
     ready_file: Path
     log_path: Path
-    command: list[str]               # without the ready-file flags
-    env: dict[str, str] | None
+    command: list[str] = field(default_factory=list)   # without the ready-file flags
+    env: dict[str, str] | None = None
     ready: dict = field(default_factory=dict)   # what it wrote to its ready file
 
 

@@ -81,7 +81,8 @@ USER_TEXT_PROMPTS = ["Hello world, the kalo mine is ready.", "Quexst tamira lode
 USER_CHATS = [[{"role": "system", "content": "You answer briefly."},
                {"role": "user", "content": "Hello world, is the kalo mine ready?"}]]
 FAILOVER_PROMPT = [0] + [(i * 53 + 7) % 1000 + 3 for i in range(99)]
-FAILOVER_SAMPLING = {"max_tokens": 200, "temperature": 0.0, "ignore_eos": True}
+# Long enough that the kill lands mid-stream: the test first waits for the prompt's KV to be saved.
+FAILOVER_SAMPLING = {"max_tokens": 500, "temperature": 0.0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="session")

@@ -280,6 +280,7 @@ async def test_decode_killed_mid_stream_continues_on_another_without_recomputing
                 _kill(users_cluster, first_decode)
             last = response
     assert token_ids == want
+    assert killed_after is not None and killed_after < len(want), "the stream ended before the kill"
     transfer = last.transfer
     assert (transfer.num_failovers, transfer.decode_worker) == (1, other_decode)
     assert killed_after <= transfer.resumed_at_token < len(want)
