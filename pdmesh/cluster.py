@@ -125,7 +125,9 @@ class LocalCluster:
         ports = ["--port", old.ready["address"].rsplit(":", 1)[1]]
         if old.ready.get("kv_port"):   # the port it bound (kv_address may be a proxy's, advertised)
             ports += ["--kv_port", str(old.ready["kv_port"])]
-        self._wait_ready(self._spawn(name, [*old.command, *ports], old.env, restart=True))
+        process = self._spawn(name, [*old.command, *ports], old.env, restart=True)
+        process.command = old.command   # the next restart appends the ports again, not twice
+        self._wait_ready(process)
 
     def is_running(self, name: str) -> bool:
         return self._named(name).popen.poll() is None

@@ -9,4 +9,9 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_NBYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_NBYTES),
     ("grpc.so_reuseport", 0),
+    # A peer that was down is dialled again within a second (gRPC's default backoff grows to two
+    # minutes): a worker restarted on its address serves again at once (tests/gateway/test_pool.py).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
