@@ -88,6 +88,9 @@ class WorkerPool:
     def compatible_with(prefill: Worker, decodes: list[Worker]) -> list[Worker]:
         """The decode workers that can take `prefill`'s KV (Incompatible naming the fields if none)."""
         found, last_error = [], None
+        decodes = [d for d in decodes if d.info is not None]   # not marked down since they were listed
+        if not decodes:
+            raise NoWorkerAvailable("every decode worker went down")
         for decode in decodes:
             try:
                 check_readable(prefill.info.compat, decode.info.compat)  # decode may have fewer ranks

@@ -121,8 +121,12 @@ class RequestRun:
             return
         prefill = state.prefill = await self._pick_prefill(prompt)
         state.decode = None
+        candidates = await self._pool.candidates("decode", self._excluded)
+        if prefill.info is None:   # another request's failed call marked it down while this one waited
+            self._excluded.add(prefill.address)
+            raise _Retry(errors.WorkerFailed(f"prefill worker {prefill.address} went down"))
         # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
-        decodes = self._pool.compatible_with(prefill, await self._pool.candidates("decode", self._excluded))
+        decodes = self._pool.compatible_with(prefill, candidates)
         decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
         state.decision = self._disagg.decide(prompt, prefill.address, decode.address,
                                              decode_busy=decode.queue() > 0)

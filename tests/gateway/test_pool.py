@@ -3,9 +3,9 @@ import time
 
 import pytest
 
-from gateway.pool import WorkerPool
+from gateway.pool import Worker, WorkerPool
 from pdmesh.errors import NoWorkerAvailable
-from tests.gateway.fake_workers import FakeWorker
+from tests.gateway.fake_workers import FakeWorker, info
 
 
 async def test_a_worker_restarted_on_its_address_is_used_again_within_a_second():
@@ -37,3 +37,12 @@ async def test_a_worker_restarted_on_its_address_is_used_again_within_a_second()
     finally:
         await pool.close()
         await worker.server.stop(0)
+
+
+def test_pairing_skips_decodes_marked_down_since_they_were_listed():
+    """Another request's failed call clears a worker's info (mark_down) while this one awaits."""
+    prefill = Worker("p:1", "prefill", channel=None, info=info("prefill"))
+    down, up = Worker("d:1", "decode", channel=None), Worker("d:2", "decode", channel=None, info=info("decode"))
+    assert WorkerPool.compatible_with(prefill, [down, up]) == [up]
+    with pytest.raises(NoWorkerAvailable):
+        WorkerPool.compatible_with(prefill, [down])
