@@ -12,7 +12,7 @@ import grpc
 class Outcome(str, enum.Enum):
     COMPLETED = "completed"            # every token equal to monolithic vLLM's
     FAILED_CLEAR = "failed_clear"      # a status a client can act on, with a message; tokens so far right
-    FAILED_UNCLEAR = "failed_unclear"  # UNKNOWN, or no message
+    FAILED_UNCLEAR = "failed_unclear"  # UNKNOWN or INTERNAL (a bug, not the fault), or no message
     HUNG = "hung"                      # no answer within the campaign's hang limit
     WRONG = "wrong"                    # a token differs from monolithic vLLM's, or the stream ended short
 
@@ -43,7 +43,7 @@ def classify(tokens: list[int], expected: list[int], error: grpc.aio.AioRpcError
     if error is not None:
         code, message = error.code(), (error.details() or "").strip()
         detail = f"{code.name}: {message}"
-        if code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.OK) or not message:
+        if code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.OK) or not message:
             return Outcome.FAILED_UNCLEAR, detail
         return Outcome.FAILED_CLEAR, detail
     if len(tokens) != len(expected):

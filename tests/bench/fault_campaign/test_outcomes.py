@@ -1,0 +1,25 @@
+import grpc
+import pytest
+
+from bench.fault_campaign.outcomes import Outcome, classify
+
+
+class _Error(grpc.aio.AioRpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+@pytest.mark.parametrize("tokens,error,hung,outcome", [
+    ([1, 2, 3], None, False, Outcome.COMPLETED),
+    ([1, 2], None, False, Outcome.WRONG),                                   # ended short without an error
+    ([1, 9], None, False, Outcome.WRONG),
+    ([1, 9], _Error(grpc.StatusCode.UNAVAILABLE, "down"), False, Outcome.WRONG),  # wrong before it failed
+    ([1], _Error(grpc.StatusCode.UNAVAILABLE, "decode worker failed"), False, Outcome.FAILED_CLEAR),
+    ([], _Error(grpc.StatusCode.INVALID_ARGUMENT, "bad"), False, Outcome.FAILED_CLEAR),
+    ([], _Error(grpc.StatusCode.UNAVAILABLE, ""), False, Outcome.FAILED_UNCLEAR),
+    ([], _Error(grpc.StatusCode.UNKNOWN, "Exception calling application"), False, Outcome.FAILED_UNCLEAR),
+    ([], _Error(grpc.StatusCode.INTERNAL, "internal error: AttributeError"), False, Outcome.FAILED_UNCLEAR),
+    ([1], None, True, Outcome.HUNG),
+])
+def test_each_request_gets_one_outcome_against_the_monolithic_tokens(tokens, error, hung, outcome):
+    assert classify(tokens, [1, 2, 3], error, hung)[0] == outcome
