@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.common import REPORT_DIR, RESULTS_DIR
 from bench.fault_campaign.campaign import FaultResult, run_fault
 from bench.fault_campaign.faults import all_faults
-from bench.fault_campaign.mesh import FaultMesh, MeshSpec
+from bench.fault_campaign.mesh import FaultMesh, MeshSpec, fresh_dir
 from bench.fault_campaign.outcomes import Outcome
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
@@ -32,7 +32,7 @@ from pdmesh.models.tiny import ensure_llama
 async def run_campaign(spec: MeshSpec, fault_names: list[str], trials: int, num_streams: int,
                        trials_by_fault: dict[str, int] | None = None) -> list[FaultResult]:
     faults = [fault for fault in all_faults() if fault.name in fault_names]
-    workload = build_workload(spec.model_dir, _fresh(spec.run_dir / "reference"))
+    workload = build_workload(spec.model_dir, fresh_dir(spec.run_dir / "reference"))
     with FaultMesh(spec) as mesh:
         return [await run_fault(mesh, workload, fault, (trials_by_fault or {}).get(fault.name, trials), num_streams)
                 for fault in faults]
@@ -99,11 +99,6 @@ def main() -> None:
     settings = {**vars(args), "seconds": round(time.monotonic() - started)}
     write_report(results, RESULTS_DIR if args.scratch else REPORT_DIR, settings)
     print(markdown_table(results))
-
-
-def _fresh(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 if __name__ == "__main__":

@@ -153,9 +153,10 @@ def flip_kv_bit() -> Fault:
 
 def _failed_blocks(mesh: FaultMesh) -> int:
     """Blocks that decode workers could not read or verify, and store blocks that failed their checks."""
-    return (sum(mesh.stats(name).kv_failed_blocks for name in mesh.decode_names)
-            + sum(mesh.stats(name).kv_store_corrupt_blocks + mesh.stats(name).kv_store_failed_blocks
-                  for name in mesh.prefill_names))
+    decodes = [mesh.stats(name) for name in mesh.decode_names]
+    prefills = [mesh.stats(name) for name in mesh.prefill_names]
+    return (sum(s.kv_failed_blocks for s in decodes)
+            + sum(s.kv_store_corrupt_blocks + s.kv_store_failed_blocks for s in prefills))
 
 
 def all_faults() -> list[Fault]:

@@ -43,7 +43,7 @@ class MeshSpec:
 class FaultMesh:
     def __init__(self, spec: MeshSpec) -> None:
         self.spec = spec
-        self.redis = RedisServer(_fresh_dir(spec.run_dir / "redis"), password=REDIS_PASSWORD)
+        self.redis = RedisServer(fresh_dir(spec.run_dir / "redis"), password=REDIS_PASSWORD)
         self.kv_proxies: dict[str, FaultProxy] = {}   # prefill name: the proxy in front of its KV port
         self.nvme_dirs: dict[str, Path] = {}          # prefill name: its NVMe tier's folder
         self.nvme_on_tmpfs = False
@@ -125,7 +125,7 @@ class FaultMesh:
             proxy = self.kv_proxies[name] = FaultProxy().start()
             kv_port = _port_outside_ephemeral_range()
             proxy.target = f"127.0.0.1:{kv_port}"
-            self.nvme_dirs[name] = nvme_dir = _fresh_dir(self.spec.run_dir / f"nvme-{name}")
+            self.nvme_dirs[name] = nvme_dir = fresh_dir(self.spec.run_dir / f"nvme-{name}")
             self.nvme_on_tmpfs = _mount_tmpfs(nvme_dir, self.spec.nvme_fs_bytes)
             args[name] = ["--kv_port", str(kv_port), "--kv_advertise_port", proxy.address.rsplit(":", 1)[1],
                           "--store.nvme_dir", str(nvme_dir)]
@@ -161,6 +161,6 @@ def _mount_tmpfs(path: Path, size_bytes: int) -> bool:
     return mounted.returncode == 0
 
 
-def _fresh_dir(path: Path) -> Path:
+def fresh_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
