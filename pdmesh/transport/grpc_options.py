@@ -11,7 +11,8 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
     # A peer that was down is dialled again within a second (gRPC's default backoff grows to two
     # minutes): a worker restarted on its address serves again at once (tests/gateway/test_pool.py).
+    # Not grpc.min_reconnect_backoff_ms: gRPC core uses it as the minimum connect timeout (default
+    # 20 s), and at 200 ms a TLS handshake with a busy worker is cut off ("Handshake read failed").
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]

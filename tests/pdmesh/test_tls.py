@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -66,6 +69,39 @@ async def test_localhost_name_matches_certificate(certs, tls_address):
     port = tls_address.rsplit(":", 1)[1]
     async with open_channel(f"localhost:{port}", gateway_tls(certs)) as channel:
         assert await check(channel) == health_pb2.HealthCheckResponse.SERVING
+
+
+@contextlib.asynccontextmanager
+async def slow_to_answer(address: str, delay_s: float):
+    """A TCP forwarder to address that holds the server's first bytes for delay_s: a busy worker's
+    TLS handshake (its event loop shares two cores with spinning engines)."""
+    host, port = address.rsplit(":", 1)
+
+    async def forward(reader, writer, delay):
+        with contextlib.suppress(ConnectionError):
+            await asyncio.sleep(delay)
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def accept(client_reader, client_writer):
+        server_reader, server_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(forward(client_reader, server_writer, 0), forward(server_reader, client_writer, delay_s))
+
+    forwarder = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{forwarder.sockets[0].getsockname()[1]}"
+    finally:
+        forwarder.close()
+
+
+async def test_a_handshake_slower_than_the_reconnect_backoff_still_connects(certs, tls_address):
+    """The mesh's channels redial within a second, but a connection attempt keeps gRPC's 20 s connect
+    timeout: setting grpc.min_reconnect_backoff_ms low would cut a busy worker's handshake short."""
+    async with slow_to_answer(tls_address, delay_s=1.5) as address:
+        async with open_channel(address, gateway_tls(certs)) as channel:
+            assert await check(channel) == health_pb2.HealthCheckResponse.SERVING
 
 
 async def test_client_without_certificate_is_rejected(certs, tls_address):
