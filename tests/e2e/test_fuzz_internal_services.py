@@ -50,7 +50,8 @@ def test_fuzzed_prefill_requests_are_run_or_refused(cluster):
         @FUZZ
         @given(tokens=TOKENS, sampling=st.one_of(st.none(), SMALL_SAMPLING), salt=st.text(max_size=10))
         def check(tokens, sampling, salt):
-            request = worker_pb2.PrefillRequest(request_id=f"fuzz-{uuid.uuid4().hex}", prompt_token_ids=tokens, cache_salt=salt)
+            request = worker_pb2.PrefillRequest(request_id=f"fuzz-{uuid.uuid4().hex}", prompt_token_ids=tokens,
+                                                cache_salt=salt)
             if sampling is not None:
                 request.sampling.CopyFrom(sampling)
             try:
@@ -77,7 +78,8 @@ def test_fuzzed_decode_requests_stream_or_are_refused(cluster, peer):
         @given(tokens=st.one_of(TOKENS, st.sampled_from(token_prompts()[:6])), sampling=SMALL_SAMPLING,
                kv=st.one_of(st.none(), handles))
         def check(tokens, sampling, kv):
-            request = worker_pb2.DecodeRequest(request_id=f"fuzz-{uuid.uuid4().hex}", prompt_token_ids=tokens, sampling=sampling, kv=kv)
+            request = worker_pb2.DecodeRequest(request_id=f"fuzz-{uuid.uuid4().hex}", prompt_token_ids=tokens,
+                                               sampling=sampling, kv=kv)
             try:
                 for _ in stub.Decode(request, timeout=60):
                     pass
