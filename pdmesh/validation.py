@@ -29,7 +29,11 @@ def check_sampling(sampling: common_pb2.SamplingParams, num_prompt_tokens: int, 
         raise InvalidRequest(
             f"prompt ({num_prompt_tokens} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
             f"model's context of {max_model_len} tokens")
-    # What vLLM's SamplingParams refuses, refused here first (it would fail inside the engine instead).
+    check_sampling_values(sampling)
+
+
+def check_sampling_values(sampling: common_pb2.SamplingParams) -> None:
+    """What vLLM's SamplingParams refuses, refused here first (it would fail inside the engine instead)."""
     if not (math.isfinite(sampling.temperature) and 0 <= sampling.temperature <= MAX_TEMPERATURE):
         raise InvalidRequest(f"temperature must be a finite number in [0, {MAX_TEMPERATURE}], got {sampling.temperature}")
     if not 0 <= sampling.top_p <= 1:  # NaN fails this too; 0 means 1.0

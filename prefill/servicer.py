@@ -13,7 +13,7 @@ from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
-from pdmesh.validation import check_prompt, check_transfer_id
+from pdmesh.validation import check_prompt, check_sampling_values, check_transfer_id
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -52,6 +52,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         check_prompt(prompt_token_ids, self._info.max_model_len, self._info.vocab_size)
         # Greedy unless the gateway streams this token itself (then with the request's params).
         sampling = request.sampling if request.HasField("sampling") else GREEDY
+        check_sampling_values(sampling)   # max_tokens aside: prefill runs one token
         check_transfer_id(request.layerwise_transfer_id)
         params = prefill_params(request.request_id, inject_carrier(), request.layerwise_transfer_id)
         vllm_sampling = to_vllm_sampling(sampling, params, max_tokens=1)

@@ -40,13 +40,19 @@ async def test_invalid_request_gets_its_status_and_workers_stay_healthy(cluster,
     assert token_ids == reference["runs"][0]["token_ids"][5]
 
 
-async def test_workers_reject_bad_requests_sent_to_them_directly(cluster):
+@pytest.mark.parametrize("request_fields, message", [
+    ({"prompt_token_ids": [0, 99999]}, "outside the vocabulary"),
+    # Sampling vLLM's SamplingParams refuses (found by the fuzz): a client error, not INTERNAL from the engine.
+    ({"prompt_token_ids": [0, 5], "sampling": common_pb2.SamplingParams(max_tokens=1, top_p=2.0)}, "top_p"),
+    ({"prompt_token_ids": [0, 5], "sampling": common_pb2.SamplingParams(max_tokens=1, stop=[""])}, "empty string"),
+])
+async def test_workers_reject_bad_requests_sent_to_them_directly(cluster, request_fields, message):
     async with grpc.aio.insecure_channel(cluster.prefill_addresses[0]) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await worker_pb2_grpc.PrefillStub(channel).Prefill(
-                worker_pb2.PrefillRequest(request_id="bad-1", prompt_token_ids=[0, 99999]))
+                worker_pb2.PrefillRequest(request_id="bad-1", **request_fields))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "outside the vocabulary" in info.value.details()
+    assert message in info.value.details()
 
 
 async def test_decode_refuses_kv_from_an_incompatible_producer(cluster):
