@@ -40,14 +40,14 @@ async def run_campaign(spec: MeshSpec, fault_names: list[str], trials: int, num_
 
 def markdown_table(results: list[FaultResult]) -> str:
     columns = [o.value for o in Outcome]
-    lines = ["| fault | trials (hit) | requests (in flight at a fault) | " + " | ".join(columns)
-             + " | leaks | goal |", "|---" * (len(columns) + 5) + "|"]
+    lines = ["| fault | run (UTC) | trials (hit) | requests (in flight at a fault) | " + " | ".join(columns)
+             + " | leaks | goal |", "|---" * (len(columns) + 6) + "|"]
     for r in results:
         if r.skipped:
-            lines.append(f"| {r.fault} | not run: {r.skipped} |" + " |" * (len(columns) + 3))
+            lines.append(f"| {r.fault} | {r.run_at} | not run: {r.skipped} |" + " |" * (len(columns) + 3))
             continue
         counts = " | ".join(str(r.outcomes.get(c, 0)) for c in columns)
-        lines.append(f"| {r.fault} | {r.trials} ({r.trials_hit}) | {r.requests} ({r.requests_hit}) | {counts} | "
+        lines.append(f"| {r.fault} | {r.run_at or '-'} | {r.trials} ({r.trials_hit}) | {r.requests} ({r.requests_hit}) | {counts} | "
                      f"{len(r.leaks)} | {'met' if r.meets_goal else 'MISSED'} |")
     return "\n".join(lines) + "\n"
 
@@ -91,14 +91,30 @@ def main() -> None:
     parser.add_argument("--kv-transport", default="grpc", choices=["grpc", "shm", "mooncake"])
     parser.add_argument("--scratch", action="store_true", help="write to bench/results/, not the report")
     parser.add_argument("--run-dir", default=None, help="keep the processes' logs here (default: a temporary folder)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the report's rows of the faults not run now (a campaign run in parts)")
     args = parser.parse_args()
     started = time.monotonic()
+    out_dir = RESULTS_DIR if args.scratch else REPORT_DIR
+    earlier = earlier_rows(out_dir / "faults.json", args.kv_transport) if args.merge else {}
     with tempfile.TemporaryDirectory(prefix="pdmesh-faults-") as run_dir:
         spec = MeshSpec(ensure_llama(DEFAULT_MODEL_DIR), Path(args.run_dir or run_dir), kv_transport=args.kv_transport)
         results = asyncio.run(run_campaign(spec, args.faults, args.trials, args.streams))
+    ran = {r.fault: r for r in results}
+    results = [ran.get(name) or earlier[name] for name in names if name in ran or name in earlier]
     settings = {**vars(args), "seconds": round(time.monotonic() - started)}
-    write_report(results, RESULTS_DIR if args.scratch else REPORT_DIR, settings)
+    write_report(results, out_dir, settings)
     print(markdown_table(results))
+
+
+def earlier_rows(path: Path, kv_transport: str) -> dict[str, FaultResult]:
+    """The rows of an earlier report of the same KV transport, by fault."""
+    if not path.exists():
+        return {}
+    report = json.loads(path.read_text())
+    if report["settings"]["kv_transport"] != kv_transport:
+        raise SystemExit(f"{path} is a campaign over {report['settings']['kv_transport']}, not {kv_transport}")
+    return {row["fault"]: FaultResult.from_json(row) for row in report["faults"]}
 
 
 if __name__ == "__main__":

@@ -222,11 +222,15 @@ async def _health(request: web.Request) -> web.Response:
 
 @web.middleware
 async def _errors_as_json(request: web.Request, handler) -> web.StreamResponse:
-    """Domain errors as their HTTP status; anything unexpected as 500 (logged). Cancellation passes."""
+    """Domain errors as their HTTP status; aiohttp's own (a body over MAX_BODY_BYTES, an unknown route)
+    in the same JSON shape; anything unexpected as 500 (logged). Cancellation passes."""
     try:
         return await handler(request)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = {"message": exc.text or exc.reason, "type": type(exc).__name__, "code": exc.status}
+        return web.json_response({"error": error}, status=exc.status)
     except Exception as exc:  # noqa: BLE001 - the server answers every request
         status, body = _error_body(exc)
         if status == 500:

@@ -1,6 +1,6 @@
-"""A server interceptor that answers a request whose bytes are not a valid message of the method's
-type with INVALID_ARGUMENT (gRPC's own answer is UNKNOWN, naming a Python exception), for every
-method with a single request message."""
+"""Server interceptors that answer a request whose bytes are not a valid message of the method's
+type with INVALID_ARGUMENT (gRPC's own answer is UNKNOWN naming a Python exception on grpc.aio,
+INTERNAL on a synchronous server), for every method with a single request message."""
 
 from __future__ import annotations
 
@@ -29,6 +29,18 @@ class RejectMalformedRequests(grpc.aio.ServerInterceptor):
                                 unary_unary=_checked_unary(handler.unary_unary, method))
 
 
+class RejectMalformedRequestsSync(grpc.ServerInterceptor):
+    """The same for a synchronous grpc.server (the KV transfer and store ports)."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None or handler.request_streaming:
+            return handler
+        kind = "unary_stream" if handler.response_streaming else "unary_unary"
+        checked = _checked_sync(getattr(handler, kind), handler_call_details.method)
+        return handler._replace(request_deserializer=_tolerant(handler.request_deserializer), **{kind: checked})
+
+
 def _tolerant(parse):
     def deserialize(data: bytes):
         try:
@@ -36,6 +48,14 @@ def _tolerant(parse):
         except (DecodeError, ValueError) as exc:
             return _Malformed(exc)
     return deserialize
+
+
+def _checked_sync(behaviour, method: str):
+    def call(request, context):
+        if isinstance(request, _Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request to {method}: {request.error}")
+        return behaviour(request, context)
+    return call
 
 
 async def _abort(context: grpc.aio.ServicerContext, method: str, request: _Malformed) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,12 @@ class FaultResult:
     skipped: str = ""
     not_completed: dict[str, int] = field(default_factory=dict)   # the other outcomes' details: how many each
     trial_notes: list[str] = field(default_factory=list)
+    streams: int = 0
+    run_at: str = ""             # UTC date and time the fault's trials started
+
+    @classmethod
+    def from_json(cls, row: dict) -> "FaultResult":
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__ if name in row})
 
     @property
     def good_share(self) -> float:
@@ -46,7 +53,8 @@ class FaultResult:
 
 async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: int, num_streams: int = 16,
                     hang_s: float = 120.0) -> FaultResult:
-    result = FaultResult(fault.name, fault.description)
+    result = FaultResult(fault.name, fault.description, streams=num_streams,
+                         run_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"))
     reason = fault.unavailable(mesh)
     if reason is not None:
         result.skipped = reason

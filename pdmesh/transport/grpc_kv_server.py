@@ -21,6 +21,7 @@ from opentelemetry.instrumentation.grpc import server_interceptor
 
 from pdmesh.compat import check_compatible, check_readable
 from pdmesh.errors import Incompatible, InvalidRequest, PDMeshError, TransferNotFound
+from pdmesh.malformed_requests import RejectMalformedRequestsSync
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
 from pdmesh.transport.chunking import DEFAULT_CHUNK_NBYTES, blocks_per_chunk, iter_chunks, run_chunk
@@ -269,7 +270,7 @@ class GrpcKVServer:
         auth = auth or MeshAuth()
         interceptors = [MeshTokenInterceptor(auth.token)] if auth.token else []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS,
-                                   interceptors=[*interceptors, server_interceptor()])
+                                   interceptors=[*interceptors, RejectMalformedRequestsSync(), server_interceptor()])
         kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(servicer, self._server)
         for extra in extra_services:
             extra.add_to_server(extra.servicer, self._server)

@@ -16,9 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.openai_http import MAX_BODY_BYTES
 from gateway.server import Gateway
 from pdmesh.client import make_request
 from pdmesh.config import GatewaySettings
+from pdmesh.transport.grpc_options import MAX_MESSAGE_NBYTES
 from pdmesh.v1 import common_pb2, generate_pb2, generate_pb2_grpc
 from tests.e2e.conftest import token_prompts
 
@@ -164,4 +166,17 @@ def test_fuzzed_openai_bodies_get_an_answer_or_a_4xx_with_a_message(gateway, ref
             assert json.loads(payload)["error"]["message"], payload
 
     check()
+    _assert_still_serving(address, reference)
+
+
+def test_oversized_messages_get_a_client_error_and_the_gateway_keeps_serving(gateway, reference):
+    """A gRPC request over the mesh's message limit, an HTTP body over the gateway's: refused with a
+    status and a message before anything is parsed."""
+    server, address = gateway
+    with grpc.insecure_channel(address) as channel:
+        oversized = make_request("x" * (MAX_MESSAGE_NBYTES + 1), max_tokens=2)
+        _, error = _generate(generate_pb2_grpc.GenerationStub(channel), oversized)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in error.details(), error
+    status, payload = _post(server.http_address, "/v1/completions", b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}')
+    assert (status, json.loads(payload)["error"]["code"]) == (413, 413)
     _assert_still_serving(address, reference)

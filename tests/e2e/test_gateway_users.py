@@ -24,7 +24,7 @@ from pdmesh.cluster import LocalCluster
 from pdmesh.config import RegistrySettings, TlsSettings
 from pdmesh.registry import RegistryWatcher
 from pdmesh.tls import open_channel
-from pdmesh.v1 import generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import (FAILOVER_PROMPT, FAILOVER_SAMPLING, HOLD_TIMEOUT_S, MAX_TOKENS, USER_CHATS,
                                 USER_TEXT_PROMPTS, in_process_gateway, settled_stats, worker_stats)
 from tests.redis_server import RedisServer
@@ -139,11 +139,18 @@ async def test_missing_or_wrong_api_key_is_unauthenticated(users_cluster):
         with pytest.raises(openai.AuthenticationError) as http_err:
             await client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
     assert http_err.value.status_code == 401
+    async with grpc.aio.insecure_channel(users_cluster.gateway_address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await generate_pb2_grpc.GenerationStub(channel).ListModels(generate_pb2.ListModelsRequest(), timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    routes = [("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+              ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+              ("GET", "/v1/models", None)]
     async with aiohttp.ClientSession() as session:   # no Authorization header at all (curl without -H)
-        async with session.post(f"http://{users_cluster.http_address}/v1/completions",
-                                json={"prompt": "hi", "max_tokens": 2}) as response:
-            assert (response.status, response.headers["WWW-Authenticate"]) == (401, "Bearer")
-            assert (await response.json())["error"]["type"] == "Unauthenticated"
+        for method, path, body in routes:
+            async with session.request(method, f"http://{users_cluster.http_address}{path}", json=body) as response:
+                assert (response.status, response.headers["WWW-Authenticate"]) == (401, "Bearer"), path
+                assert (await response.json())["error"]["type"] == "Unauthenticated"
     async with grpc.aio.insecure_channel(users_cluster.gateway_address) as channel:  # health needs no key
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -161,6 +168,45 @@ async def test_workers_accept_only_clients_with_the_gateways_certificate(users_c
     async with open_channel(address, gateway_tls) as channel:
         info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
     assert info.role == "decode"
+
+
+# Every method a peer can call on a worker's ports ("*": a response stream).
+WORKER_API_METHODS = {"prefill": ["WorkerInfo/GetInfo", "WorkerInfo/GetStats", "WorkerInfo/SpillKV",
+                                  "Prefill/Prefill", "Prefill/Release"],
+                      "decode": ["WorkerInfo/GetInfo", "WorkerInfo/GetStats", "WorkerInfo/SpillKV", "Decode/Decode*"]}
+KV_PORT_METHODS = ["KVTransfer/Handshake", "KVTransfer/Open", "KVTransfer/Pull*", "KVTransfer/Release",
+                   "KVTransfer/Watch", "KVStore/Lookup", "KVStore/Export"]
+
+
+async def _call_with_empty_request(channel: grpc.aio.Channel, method: str) -> grpc.StatusCode:
+    path = f"/pdmesh.v1.{method.rstrip('*')}"
+    try:
+        if method.endswith("*"):
+            async for _ in channel.unary_stream(path)(b"", timeout=10):
+                pass
+        else:
+            await channel.unary_unary(path)(b"", timeout=10)
+    except grpc.aio.AioRpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+async def test_every_internal_service_refuses_callers_without_the_mesh_credentials(users_cluster, certs):
+    """Worker API ports (mutual TLS): no certificate or one of another CA cannot connect, whatever the
+    method. KV ports (the mesh token): every KVTransfer and KVStore method is refused without it."""
+    strangers = [TlsSettings(), TlsSettings(ca_file=certs.ca),
+                 TlsSettings(cert_file=certs.other_client_cert, key_file=certs.other_client_key, ca_file=certs.ca)]
+    ports = [(a, "prefill") for a in users_cluster.prefill_addresses] + [
+        (a, "decode") for a in users_cluster.decode_addresses]
+    for address, role in ports:
+        for tls in strangers:
+            async with open_channel(address, tls) as channel:
+                codes = {m: await _call_with_empty_request(channel, m) for m in WORKER_API_METHODS[role]}
+            assert set(codes.values()) == {grpc.StatusCode.UNAVAILABLE}, (address, tls, codes)
+    for kv_address in users_cluster.prefill_addresses_kv:
+        async with grpc.aio.insecure_channel(kv_address) as channel:
+            codes = {m: await _call_with_empty_request(channel, m) for m in KV_PORT_METHODS}
+        assert set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}, (kv_address, codes)
 
 
 async def test_every_worker_is_in_the_registry_with_its_capacity(users_cluster, redis):

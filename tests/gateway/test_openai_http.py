@@ -11,7 +11,7 @@ import pytest
 
 from gateway.auth import ApiKeyAuth
 from gateway.chat_template import ChatTemplate
-from gateway.openai_http import OpenAIHttpServer
+from gateway.openai_http import MAX_BODY_BYTES, OpenAIHttpServer
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.errors import Overloaded, WorkerFailed
 from pdmesh.v1 import common_pb2, generate_pb2
@@ -324,6 +324,19 @@ async def test_a_prompt_longer_than_any_context_is_refused_before_it_is_tokenize
     assert (status, json.loads(text)["error"]["type"]) == (400, "InvalidRequest")
     assert f"longer than the model's context of {MAX_MODEL_LEN} tokens can hold" in json.loads(text)["error"]["message"]
     assert (encoded, fake.calls) == ([], [])
+
+
+async def test_a_body_over_the_limit_is_413_and_an_unknown_route_404_both_as_openai_errors(serve):
+    fake = FakeGenerator()
+    address = await serve(fake)
+    status, _, text = await _post(address, "/v1/completions", b"{" + b" " * MAX_BODY_BYTES + b"}")
+    assert (status, json.loads(text)["error"]["type"], json.loads(text)["error"]["code"]) == (
+        413, "HTTPRequestEntityTooLarge", 413)
+    assert f"Maximum request body size {MAX_BODY_BYTES} exceeded" in json.loads(text)["error"]["message"]
+    status, _, text = await _post(address, "/v1/embeddings", {"input": "Hi"})
+    assert (status, json.loads(text)) == (404, {"error": {"message": "404: Not Found", "type": "HTTPNotFound",
+                                                          "code": 404}})
+    assert fake.calls == []
 
 
 async def test_field_errors_name_the_fields(serve):

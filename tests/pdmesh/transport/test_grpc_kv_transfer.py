@@ -87,6 +87,20 @@ def test_block_index_out_of_range_is_invalid(server, receiver):
         list(receiver.pull(server.address, "t1", [0, 3]))
 
 
+@pytest.mark.parametrize("method, streaming", [("Pull", True), ("Release", False), ("Handshake", False)])
+def test_bytes_that_are_no_message_are_invalid_argument_and_the_server_keeps_serving(server, receiver, held,
+                                                                                    method, streaming):
+    """gRPC's synchronous server answers INTERNAL ("Exception deserializing request!") by itself."""
+    with grpc.insecure_channel(server.address) as channel:
+        call = (channel.unary_stream if streaming else channel.unary_unary)(f"/pdmesh.v1.KVTransfer/{method}")
+        with pytest.raises(grpc.RpcError) as error:
+            answer = call(b"\xff\xff\xff", timeout=10)
+            list(answer) if streaming else answer
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(f"malformed request to /pdmesh.v1.KVTransfer/{method}: Error parsing")
+    assert [b.block_index for b in receiver.pull(server.address, "t1", [1])] == [1]
+
+
 def test_a_bit_flipped_on_the_wire_is_rejected(held, receiver, no_thread_leak):
     server = GrpcKVServer(_CorruptingServicer(COMPAT, held, _rows), "127.0.0.1", 0)
     try:
