@@ -129,6 +129,10 @@ class LocalCluster:
         process.command = old.command   # the next restart appends the ports again, not twice
         self._wait_ready(process)
 
+    def pids(self) -> dict[str, int]:
+        """Each running process's pid by name; it leads a process group with its engine's processes."""
+        return {p.name: p.popen.pid for p in self._processes if p.popen.poll() is None}
+
     def is_running(self, name: str) -> bool:
         return self._named(name).popen.poll() is None
 

@@ -70,6 +70,8 @@ class StreamLoad:
     async def _stream(self, stub: generate_pb2_grpc.GenerationStub) -> None:
         while not self._stopping.is_set():
             await self._running.wait()
+            if self._stopping.is_set():   # stopped while paused
+                break
             index = next(self._next_prompt) % len(self.workload.prompts)
             self._in_flight += 1
             try:

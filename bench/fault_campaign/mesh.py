@@ -103,10 +103,16 @@ class FaultMesh:
         deadline = time.monotonic() + self.spec.hold_timeout_s + 10
         while True:
             found = [f"{name}: {problem}" for name in self.prefill_names + self.decode_names
-                     for problem in _held(self.stats(name))]
+                     for problem in self._held(name)]
             if not found or time.monotonic() > deadline:
                 return found
             time.sleep(0.5)
+
+    def _held(self, name: str) -> list[str]:
+        try:
+            return _held(self.stats(name))
+        except grpc.RpcError as error:   # a worker too busy to answer within the call's timeout
+            return [f"no stats ({error.code().name})"]
 
     def _worker_args(self) -> list[str]:
         # No engine prefix cache: every request moves its whole prompt's KV (pulls, store reads), so

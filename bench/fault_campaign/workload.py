@@ -26,8 +26,8 @@ def campaign_prompts(seed: int = 16, num_prefixes: int = 8, per_prefix: int = 3)
     return family + singles
 
 
-def build_workload(model_dir: Path, work_dir: Path, max_tokens: int = 32) -> Workload:
-    prompts = campaign_prompts()
+def build_workload(model_dir: Path, work_dir: Path, max_tokens: int = 32, num_prefixes: int = 8) -> Workload:
+    prompts = campaign_prompts(num_prefixes=num_prefixes)
     sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     runs = run_in_subprocess(model_dir, [{"prompts": prompts, "sampling": sampling}], work_dir)["runs"]
     return Workload(prompts, runs[0]["token_ids"], max_tokens)

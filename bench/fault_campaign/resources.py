@@ -1,0 +1,90 @@
+"""What a running mesh holds, sampled during a soak: each process's memory (PSS of its process
+group: the worker and its engine's processes) and open file descriptors; each worker's KV blocks in
+use, held transfers, pinned and stored blocks; and Redis's keys."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    pss_bytes: int       # proportional set size: shared pages split among the processes sharing them
+    num_fds: int
+    num_processes: int
+
+
+@dataclass(frozen=True)
+class WorkerHolding:
+    kv_cache_usage: float      # share of the paged KV cache's blocks in use
+    num_running: int
+    num_held_transfers: int
+    num_pinned_blocks: int     # store blocks being read
+    num_store_blocks: int      # blocks the worker's KV store holds, all tiers
+
+
+@dataclass(frozen=True)
+class Sample:
+    at_s: float                # since the soak started
+    num_requests_ended: int
+    processes: dict[str, ProcessUsage]   # process name ("gateway", "prefill-0", ...): its group's usage
+    workers: dict[str, WorkerHolding]
+    redis_keys: int
+    redis_memory_bytes: int
+
+    @property
+    def num_store_blocks(self) -> int:
+        return sum(worker.num_store_blocks for worker in self.workers.values())
+
+
+def group_usage(pgid: int) -> ProcessUsage:
+    """Memory and descriptors of every process in a process group (a LocalCluster process and the
+    engine processes it spawned share its group)."""
+    pss_bytes = num_fds = num_processes = 0
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):   # a process that ended meanwhile
+            if _pgid_of(entry) != pgid:
+                continue
+            pss_bytes += _pss_bytes(entry)
+            num_fds += len(os.listdir(entry / "fd"))
+            num_processes += 1
+    return ProcessUsage(pss_bytes, num_fds, num_processes)
+
+
+def _pgid_of(proc_dir: Path) -> int:
+    stat = (proc_dir / "stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[2])   # fields after "(comm)": state, ppid, pgrp
+
+
+def _pss_bytes(proc_dir: Path) -> int:
+    for line in (proc_dir / "smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def worker_holding(stats) -> WorkerHolding:
+    return WorkerHolding(stats.kv_cache_usage, stats.num_running_requests, stats.num_held_transfers,
+                         stats.kv_store_pinned_blocks, stats.kv_store_blocks)
+
+
+def take_sample(mesh, started_s: float, num_requests_ended: int) -> Sample:
+    """One sample of every process of `mesh` (a FaultMesh) and of its Redis."""
+    processes = {name: group_usage(pid) for name, pid in mesh.cluster.pids().items()}
+    workers = {}
+    for name in mesh.prefill_names + mesh.decode_names:
+        with contextlib.suppress(grpc.RpcError):
+            workers[name] = worker_holding(mesh.stats(name))
+    with mesh.redis.client() as redis:
+        return Sample(time.monotonic() - started_s, num_requests_ended, processes, workers, redis.dbsize(),
+                      redis.info("memory")["used_memory"])

@@ -1,0 +1,107 @@
+"""A soak: the mesh under a steady stream load for a long while, sampled every few seconds. At a
+quiet checkpoint after the warm-up and again at the end (load paused, tail work settled) the mesh
+must hold what it held before: memory and descriptors of every process, KV blocks, transfers,
+pinned blocks, Redis keys; and no request may be lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from bench.fault_campaign.load import StreamLoad, Workload
+from bench.fault_campaign.mesh import FaultMesh
+from bench.fault_campaign.outcomes import Outcome, tally
+from bench.fault_campaign.resources import Sample, take_sample
+
+MEMORY_TOLERANCE = 0.05    # a process's PSS may end this much above the checkpoint after warm-up
+FD_SLACK = 4               # descriptors a process may hold beyond it (sockets being redialled)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class SoakResult:
+    seconds: float
+    num_streams: int
+    requests: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    not_completed: dict[str, int] = field(default_factory=dict)
+    start: Sample | None = None          # the quiet checkpoint after the warm-up
+    end: Sample | None = None            # the quiet checkpoint at the end
+    samples: list[Sample] = field(default_factory=list)   # under load
+    leaks: list[str] = field(default_factory=list)
+
+    @property
+    def checks(self) -> list[Check]:
+        return [self._nothing_lost(), *self._flat_processes(), self._nothing_held(), self._redis_bounded()]
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "checks": [asdict(c) for c in self.checks], "passed": self.passed}
+
+    def _nothing_lost(self) -> Check:
+        completed = self.outcomes.get(Outcome.COMPLETED.value, 0)
+        return Check("no request lost", self.requests > 0 and completed == self.requests,
+                     f"{completed} of {self.requests} completed with monolithic vLLM's tokens")
+
+    def _flat_processes(self) -> list[Check]:
+        checks = []
+        for name, before in self.start.processes.items():
+            after = self.end.processes.get(name)
+            if after is None:
+                checks.append(Check(f"{name} still running", False, "gone at the end"))
+                continue
+            growth = after.pss_bytes / before.pss_bytes - 1
+            checks.append(Check(f"{name} memory flat", growth <= MEMORY_TOLERANCE,
+                                f"PSS {before.pss_bytes >> 20} -> {after.pss_bytes >> 20} MiB ({growth:+.1%})"))
+            checks.append(Check(f"{name} descriptors flat", after.num_fds <= before.num_fds + FD_SLACK,
+                                f"{before.num_fds} -> {after.num_fds} open files"))
+        return checks
+
+    def _nothing_held(self) -> Check:
+        return Check("no KV block, transfer or pinned block held", not self.leaks, "; ".join(self.leaks) or "none")
+
+    def _redis_bounded(self) -> Check:
+        """Every Redis key is a stored block's index entry: keys of evicted blocks must go with them."""
+        keys, blocks = self.end.redis_keys, self.end.num_store_blocks
+        return Check("Redis keys bounded by the stored blocks", keys <= blocks,
+                     f"{self.start.redis_keys} -> {keys} keys; the stores hold {blocks} blocks")
+
+
+async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_streams: int = 64,
+                   warmup_s: float = 30.0, sample_every_s: float = 10.0) -> SoakResult:
+    result = SoakResult(seconds, num_streams)
+    started = time.monotonic()
+    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams) as load:
+        await asyncio.sleep(warmup_s)
+        await load.pause()
+        result.start = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
+        load.resume()
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            await asyncio.sleep(min(sample_every_s, max(0.0, until - time.monotonic())))
+            result.samples.append(await asyncio.to_thread(take_sample, mesh, started, len(load.results)))
+        await load.pause()   # the load stops with the requests in flight ended
+    result.end = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
+    result.leaks = await asyncio.to_thread(mesh.leaks)
+    result.requests = len(load.results)
+    result.outcomes = tally(load.results)
+    details = Counter(f"{r.outcome.value}: {r.detail}" for r in load.results if r.outcome != Outcome.COMPLETED)
+    result.not_completed = dict(details.most_common(10))
+    return result
+
+
+def _quiet_sample(mesh: FaultMesh, started: float, num_requests_ended: int) -> Sample:
+    """A sample once no worker holds anything (the load paused, tail work such as store saves settled)."""
+    mesh.leaks()
+    return take_sample(mesh, started, num_requests_ended)
