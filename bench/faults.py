@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.common import REPORT_DIR, RESULTS_DIR
 from bench.fault_campaign.campaign import FaultResult, run_fault
 from bench.fault_campaign.faults import all_faults
-from bench.fault_campaign.mesh import FaultMesh, MeshSpec, fresh_dir
+from bench.fault_campaign.mesh import FaultMesh, MeshSpec, add_run_arguments, fresh_dir
 from bench.fault_campaign.outcomes import Outcome
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
@@ -89,8 +89,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--faults", nargs="+", default=names, choices=names)
     parser.add_argument("--kv-transport", default="grpc", choices=["grpc", "shm", "mooncake"])
-    parser.add_argument("--scratch", action="store_true", help="write to bench/results/, not the report")
-    parser.add_argument("--run-dir", default=None, help="keep the processes' logs here (default: a temporary folder)")
+    add_run_arguments(parser)
     parser.add_argument("--merge", action="store_true",
                         help="keep the report's rows of the faults not run now (a campaign run in parts)")
     args = parser.parse_args()

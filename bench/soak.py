@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPORT_DIR, RESULTS_DIR
-from bench.fault_campaign.mesh import FaultMesh, MeshSpec, fresh_dir
+from bench.fault_campaign.mesh import FaultMesh, MeshSpec, add_run_arguments, fresh_dir
 from bench.fault_campaign.soak import SoakResult, run_soak
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
@@ -101,8 +101,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--sample-every-s", type=float, default=10.0)
-    parser.add_argument("--scratch", action="store_true", help="write to bench/results/, not the report")
-    parser.add_argument("--run-dir", default=None, help="keep the processes' logs here (default: a temporary folder)")
+    add_run_arguments(parser)
     args = parser.parse_args()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pdmesh-soak-") as run_dir:

@@ -5,6 +5,7 @@ through it)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import random
@@ -165,6 +166,12 @@ def _mount_tmpfs(path: Path, size_bytes: int) -> bool:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
                              capture_output=True)
     return mounted.returncode == 0
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--scratch and --run-dir, shared by the campaign's and the soak's command lines."""
+    parser.add_argument("--scratch", action="store_true", help="write to bench/results/, not the report")
+    parser.add_argument("--run-dir", default=None, help="keep the processes' logs here (default: a temporary folder)")
 
 
 def fresh_dir(path: Path) -> Path:
