@@ -82,10 +82,11 @@ class FaultMesh:
             subprocess.run(["umount", str(path)], check=False, capture_output=True)
         self.redis.stop()
 
-    def stats(self, name: str) -> worker_pb2.WorkerStats:
+    def stats(self, name: str, timeout_s: float = 30.0) -> worker_pb2.WorkerStats:
+        """A worker's stats; under the campaign's load on 2 cores an answer took over 5 s at times."""
         address = next(a for a, n in self.cluster.worker_names.items() if n == name)
         with grpc.insecure_channel(address) as channel:
-            return worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=5)
+            return worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=timeout_s)
 
     def wait_for(self, names: list[str], busy, timeout_s: float) -> str | None:
         """The first of `names` whose stats satisfy busy(stats), polled every 20 ms; None at the timeout."""
@@ -93,7 +94,7 @@ class FaultMesh:
         while time.monotonic() < deadline:
             for name in names:
                 with contextlib.suppress(grpc.RpcError):
-                    if busy(self.stats(name)):
+                    if busy(self.stats(name, timeout_s=5)):   # polled: a slow answer is not busy
                         return name
             time.sleep(0.02)
         return None
