@@ -53,13 +53,17 @@ def _tolerant(parse):
 def _checked_sync(behaviour, method: str):
     def call(request, context):
         if isinstance(request, _Malformed):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request to {method}: {request.error}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(method, request))
         return behaviour(request, context)
     return call
 
 
+def _message(method: str, request: _Malformed) -> str:
+    return f"malformed request to {method}: {request.error}"
+
+
 async def _abort(context: grpc.aio.ServicerContext, method: str, request: _Malformed) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request to {method}: {request.error}")
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(method, request))
 
 
 def _checked_unary(behaviour, method: str):

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from bench.fault_campaign.faults import Fault, Trial
 from bench.fault_campaign.load import StreamLoad, Workload
 from bench.fault_campaign.mesh import FaultMesh
-from bench.fault_campaign.outcomes import GOOD, Outcome, tally
+from bench.fault_campaign.outcomes import GOOD, not_completed, tally
 
 WARMUP_S = 2.0
 PAUSE_S = 1.0          # load between trials
@@ -79,6 +78,5 @@ async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: i
     result.requests = len(load.results)
     result.requests_hit = sum(any(r.in_flight_at(t.at_s) for t in done) for r in load.results)
     result.outcomes = tally(load.results)
-    details = Counter(f"{r.outcome.value}: {r.detail}" for r in load.results if r.outcome != Outcome.COMPLETED)
-    result.not_completed = dict(details.most_common(10))
+    result.not_completed = not_completed(load.results)
     return result

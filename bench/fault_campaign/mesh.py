@@ -105,12 +105,12 @@ class FaultMesh:
         deadline = time.monotonic() + self.spec.hold_timeout_s + 10
         while True:
             found = [f"{name}: {problem}" for name in self.prefill_names + self.decode_names
-                     for problem in self._held(name)]
+                     for problem in self._held_by(name)]
             if not found or time.monotonic() > deadline:
                 return found
             time.sleep(0.5)
 
-    def _held(self, name: str) -> list[str]:
+    def _held_by(self, name: str) -> list[str]:
         try:
             return _held(self.stats(name))
         except grpc.RpcError as error:   # a worker too busy to answer within the call's timeout

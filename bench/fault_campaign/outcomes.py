@@ -51,6 +51,12 @@ def classify(tokens: list[int], expected: list[int], error: grpc.aio.AioRpcError
     return Outcome.COMPLETED, ""
 
 
+def not_completed(results: list[RequestResult], most: int = 10) -> dict[str, int]:
+    """The most frequent outcomes other than completed, with their details: how many each."""
+    details = Counter(f"{r.outcome.value}: {r.detail}" for r in results if r.outcome != Outcome.COMPLETED)
+    return dict(details.most_common(most))
+
+
 def tally(results: list[RequestResult]) -> dict[str, int]:
     counts = Counter(result.outcome for result in results)
     return {outcome.value: counts.get(outcome, 0) for outcome in Outcome}

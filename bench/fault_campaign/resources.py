@@ -46,19 +46,24 @@ class Sample:
 
 
 def group_usage(pgid: int) -> ProcessUsage:
-    """Memory and descriptors of every process in a process group (a LocalCluster process and the
-    engine processes it spawned share its group)."""
-    pss_bytes = num_fds = num_processes = 0
+    return usage_by_group({pgid})[pgid]
+
+
+def usage_by_group(pgids: set[int]) -> dict[int, ProcessUsage]:
+    """Memory and descriptors of every process in each process group (a LocalCluster process and the
+    engine processes it spawned share its group), in one pass over /proc."""
+    totals = {pgid: [0, 0, 0] for pgid in pgids}   # PSS bytes, descriptors, processes
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError):   # a process that ended meanwhile
-            if _pgid_of(entry) != pgid:
+            total = totals.get(_pgid_of(entry))
+            if total is None:
                 continue
-            pss_bytes += _pss_bytes(entry)
-            num_fds += len(os.listdir(entry / "fd"))
-            num_processes += 1
-    return ProcessUsage(pss_bytes, num_fds, num_processes)
+            total[0] += _pss_bytes(entry)
+            total[1] += len(os.listdir(entry / "fd"))
+            total[2] += 1
+    return {pgid: ProcessUsage(*total) for pgid, total in totals.items()}
 
 
 def _pgid_of(proc_dir: Path) -> int:
@@ -80,7 +85,9 @@ def worker_holding(stats) -> WorkerHolding:
 
 def take_sample(mesh, started_s: float, num_requests_ended: int) -> Sample:
     """One sample of every process of `mesh` (a FaultMesh) and of its Redis."""
-    processes = {name: group_usage(pid) for name, pid in mesh.cluster.pids().items()}
+    pids = mesh.cluster.pids()   # each leads its process group
+    usage = usage_by_group(set(pids.values()))
+    processes = {name: usage[pid] for name, pid in pids.items()}
     workers = {}
     for name in mesh.prefill_names + mesh.decode_names:
         with contextlib.suppress(grpc.RpcError):

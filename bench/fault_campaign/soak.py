@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from bench.fault_campaign.load import StreamLoad, Workload
 from bench.fault_campaign.mesh import FaultMesh
-from bench.fault_campaign.outcomes import Outcome, tally
+from bench.fault_campaign.outcomes import Outcome, not_completed, tally
 from bench.fault_campaign.resources import Sample, take_sample
 
 MEMORY_TOLERANCE = 0.05    # a process's PSS may end this much above the checkpoint after warm-up
@@ -85,23 +84,22 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
     async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams) as load:
         await asyncio.sleep(warmup_s)
         await load.pause()
-        result.start = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
+        result.start, _ = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
         load.resume()
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             await asyncio.sleep(min(sample_every_s, max(0.0, until - time.monotonic())))
             result.samples.append(await asyncio.to_thread(take_sample, mesh, started, len(load.results)))
         await load.pause()   # the load stops with the requests in flight ended
-    result.end = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
-    result.leaks = await asyncio.to_thread(mesh.leaks)
+    result.end, result.leaks = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
     result.requests = len(load.results)
     result.outcomes = tally(load.results)
-    details = Counter(f"{r.outcome.value}: {r.detail}" for r in load.results if r.outcome != Outcome.COMPLETED)
-    result.not_completed = dict(details.most_common(10))
+    result.not_completed = not_completed(load.results)
     return result
 
 
-def _quiet_sample(mesh: FaultMesh, started: float, num_requests_ended: int) -> Sample:
-    """A sample once no worker holds anything (the load paused, tail work such as store saves settled)."""
-    mesh.leaks()
-    return take_sample(mesh, started, num_requests_ended)
+def _quiet_sample(mesh: FaultMesh, started: float, num_requests_ended: int) -> tuple[Sample, list[str]]:
+    """A sample once no worker holds anything (the load paused, tail work such as store saves settled),
+    and what some worker still held when the wait for that ran out."""
+    leaks = mesh.leaks()
+    return take_sample(mesh, started, num_requests_ended), leaks

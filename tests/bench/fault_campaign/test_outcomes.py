@@ -1,7 +1,7 @@
 import grpc
 import pytest
 
-from bench.fault_campaign.outcomes import Outcome, classify
+from bench.fault_campaign.outcomes import Outcome, RequestResult, classify, not_completed
 
 
 class _Error(grpc.aio.AioRpcError):
@@ -23,3 +23,10 @@ class _Error(grpc.aio.AioRpcError):
 ])
 def test_each_request_gets_one_outcome_against_the_monolithic_tokens(tokens, error, hung, outcome):
     assert classify(tokens, [1, 2, 3], error, hung)[0] == outcome
+
+
+def test_not_completed_counts_each_other_outcome_with_its_detail():
+    results = [RequestResult(0, 0.0, 1.0, Outcome.COMPLETED), RequestResult(1, 0.0, 1.0, Outcome.HUNG, "no end"),
+               RequestResult(2, 0.0, 1.0, Outcome.HUNG, "no end"), RequestResult(3, 0.0, 1.0, Outcome.WRONG, "token 3")]
+    assert not_completed(results) == {"hung: no end": 2, "wrong: token 3": 1}
+    assert not_completed(results, most=1) == {"hung: no end": 2}
