@@ -50,8 +50,7 @@ class FaultResult:
         return {**asdict(self), "good_share": self.good_share, "meets_goal": self.meets_goal}
 
 
-async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: int, num_streams: int = 16,
-                    hang_s: float = 120.0) -> FaultResult:
+async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: int, num_streams: int = 16) -> FaultResult:
     result = FaultResult(fault.name, fault.description, streams=num_streams,
                          run_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"))
     reason = fault.unavailable(mesh)
@@ -60,7 +59,7 @@ async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: i
         return result
     started = time.monotonic()
     done: list[Trial] = []
-    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams, hang_s) as load:
+    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams, mesh.spec.hang_s) as load:
         await asyncio.sleep(WARMUP_S)
         for index in range(trials):
             trial = await asyncio.to_thread(fault.inject, mesh, index)

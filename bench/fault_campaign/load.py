@@ -28,7 +28,7 @@ class StreamLoad:
     gateway_address: str
     workload: Workload
     num_streams: int = 16
-    hang_s: float = 120.0          # longer than the gateway's own request deadline
+    hang_s: float = 120.0          # longer than the gateway's own request deadline (MeshSpec.hang_s)
     results: list[RequestResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:

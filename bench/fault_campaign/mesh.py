@@ -40,6 +40,12 @@ class MeshSpec:
         "--store.device_bytes", str(2 << 20), "--store.dram_bytes", str(4 << 20),
         "--store.nvme_bytes", str(64 << 20), "--no-store.nvme_fsync"])
 
+    @property
+    def hang_s(self) -> float:
+        """A request with no answer this long is hung: well past the gateway's own deadline, which
+        answers DEADLINE_EXCEEDED."""
+        return self.request_timeout_s + 60.0
+
 
 class FaultMesh:
     def __init__(self, spec: MeshSpec) -> None:

@@ -81,7 +81,7 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
                    warmup_s: float = 30.0, sample_every_s: float = 10.0) -> SoakResult:
     result = SoakResult(seconds, num_streams)
     started = time.monotonic()
-    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams) as load:
+    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams, mesh.spec.hang_s) as load:
         await asyncio.sleep(warmup_s)
         await load.pause()
         result.start, _ = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))

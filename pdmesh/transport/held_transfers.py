@@ -29,7 +29,9 @@ class HeldTransfers:
 
     The engine registers a transfer one step after the request finished, so a consumer that
     needs nothing (a full local prefix hit) can release it before it is held: such an early
-    release is remembered until `early_release_ttl_s` and applied when the hold arrives.
+    release is remembered until `early_release_ttl_s` and applied when the hold arrives. A read of a
+    transfer that has ended (released, cancelled, expired) fails at once, for as long: a consumer
+    late past the deadline must not wait out the hold's registration for blocks already freed.
     """
 
     def __init__(self, early_release_ttl_s: float = 300.0) -> None:
@@ -40,6 +42,7 @@ class HeldTransfers:
         self._leases: Counter[str] = Counter()  # transfer id: local readers (the KV store's save)
         self._released_early: dict[str, float] = {}  # transfer id: forget after this monotonic time
         self._cancelled_early: dict[str, float] = {}  # pdmesh request id: forget after this monotonic time
+        self._ended: dict[str, tuple[str, float]] = {}  # transfer id: (how it ended, forget after this time)
         self._early_release_ttl_s = early_release_ttl_s
         self._num_expired = 0
 
@@ -49,6 +52,7 @@ class HeldTransfers:
             early = self._released_early.pop(transfer.transfer_id, None)
             if early is not None or self._cancelled_early.pop(transfer.request_id, None) is not None:
                 self._finished.add(transfer.transfer_id)
+                self._end(transfer.transfer_id, "released")
                 return
             self._held[transfer.transfer_id] = transfer
             self._cond.notify_all()
@@ -56,7 +60,11 @@ class HeldTransfers:
     def wait_for(self, transfer_id: str, timeout_s: float) -> HeldTransfer:
         """The transfer, waiting for the engine to register it (it may lag the response by a step)."""
         with self._cond:
-            found = self._cond.wait_for(lambda: transfer_id in self._held, timeout=timeout_s)
+            found = self._cond.wait_for(lambda: transfer_id in self._held or transfer_id in self._ended,
+                                        timeout=timeout_s)
+            if transfer_id in self._ended:
+                raise TransferNotFound(f"KV of transfer {transfer_id!r} was {self._ended[transfer_id][0]} "
+                                       f"before this read")
             if not found:
                 raise TransferNotFound(f"no KV held for transfer {transfer_id!r}")
             return self._held[transfer_id]
@@ -74,6 +82,7 @@ class HeldTransfers:
                     self._released_early[transfer_id] = time.monotonic() + self._early_release_ttl_s
                 return False
             self._finished.add(transfer_id)
+            self._end(transfer_id, "released")
             return True
 
     def release_request(self, request_id: str) -> int:
@@ -84,6 +93,7 @@ class HeldTransfers:
             for transfer_id in ids:
                 del self._held[transfer_id]
                 self._finished.add(transfer_id)
+                self._end(transfer_id, "cancelled")
             if not ids and request_id:
                 self._cancelled_early[request_id] = time.monotonic() + self._early_release_ttl_s
             return len(ids)
@@ -107,14 +117,23 @@ class HeldTransfers:
             expired = [tid for tid, held in self._held.items() if held.deadline <= now and tid not in self._leases]
             for transfer_id in expired:
                 del self._held[transfer_id]
+                self._end(transfer_id, "expired", now)
             for early in (self._released_early, self._cancelled_early):
                 for key in [key for key, until in early.items() if until <= now]:
                     del early[key]
+            for transfer_id in [tid for tid, (_, until) in self._ended.items() if until <= now]:
+                del self._ended[transfer_id]
             self._num_expired += len(expired)
             self._finished |= set(expired)
             finished = {tid for tid in self._finished if tid not in self._leases}
             self._finished -= finished
             return {self._engine_ids.pop(tid, tid) for tid in finished}
+
+    def _end(self, transfer_id: str, how: str, now: float | None = None) -> None:
+        """Remembers how a transfer ended (under the lock), waking reads waiting for it."""
+        now = time.monotonic() if now is None else now
+        self._ended[transfer_id] = (how, now + self._early_release_ttl_s)
+        self._cond.notify_all()
 
     @property
     def num_held(self) -> int:

@@ -1,4 +1,5 @@
 import threading
+import time
 
 import pytest
 
@@ -76,3 +77,39 @@ def test_a_cancel_before_the_engine_registers_the_hold_frees_it_on_arrival():
     assert (held.take_finished(), held.num_held) == ({"engine-id-1"}, 0)
     held.hold(HeldTransfer("engine-id-9", (2,), (b"b",), deadline=1e18, request_id="r1-retry1"))
     assert held.num_held == 1   # another attempt's id is not cancelled
+
+
+# A consumer late past the hold's end must learn at once that the blocks are gone: waiting out the
+# registration wait (seconds) per late read is how one slow moment snowballed into a stalled decode.
+@pytest.mark.parametrize("end, how", [
+    (lambda held: held.release("t1"), "released"),
+    (lambda held: held.release_request("r1"), "cancelled"),
+    (lambda held: held.take_finished(now=1e17), "expired"),   # past its deadline
+], ids=["released", "cancelled", "expired"])
+def test_a_read_of_a_transfer_that_ended_fails_at_once_saying_how(end, how):
+    held = HeldTransfers()
+    held.hold(HeldTransfer("t1", (4,), (b"a",), deadline=1e16, request_id="r1"))
+    end(held)
+    started = time.monotonic()
+    with pytest.raises(TransferNotFound, match=f"transfer 't1' was {how} before this read"):
+        held.wait_for("t1", timeout_s=30)
+    assert time.monotonic() - started < 5
+
+
+def test_a_read_waiting_for_the_hold_ends_when_an_early_release_cancels_it():
+    held = HeldTransfers()
+    held.release("t1")   # the consumer gave up before the engine registered the hold
+    timer = threading.Timer(0.05, held.hold, args=(_held("t1"),))
+    timer.start()
+    with pytest.raises(TransferNotFound, match="was released"):
+        held.wait_for("t1", timeout_s=30)
+    timer.join()
+
+
+def test_ended_transfers_are_forgotten_after_the_ttl():
+    held = HeldTransfers(early_release_ttl_s=10.0)
+    held.hold(_held("t1"))
+    held.release("t1")
+    held.take_finished(now=1e12)   # far past the ttl
+    with pytest.raises(TransferNotFound, match="no KV held"):
+        held.wait_for("t1", timeout_s=0.01)
