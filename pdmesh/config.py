@@ -159,6 +159,9 @@ class KVFaultSettings(BaseModel):
     # longer (the window the fault tests kill or stop a worker in, mid-prefill).
     slow_prefill_request_prefix: str = ""
     slow_step_s: float = 0.0
+    # The KV store's tiers of these names ("device", "dram", "nvme") keep every block written into
+    # them with one bit flipped (kvstore/rotting_tier.py): the store must detect, drop and count it.
+    rot_store_tiers: list[str] = Field(default_factory=list)
 
 
 class KVTransportSettings(BaseModel):

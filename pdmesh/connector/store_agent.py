@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
@@ -22,6 +23,7 @@ from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.disk_tier import DiskTier
 from kvstore.redis_index import RedisBlockIndex
+from kvstore.rotting_tier import RottingTier
 from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import device_tier, host_tier
 from kvstore.store_export import StoreExports
@@ -58,7 +60,9 @@ class StoreLoadStats:
     transport: str = ""          # what moved the blocks from another node's store ("" when none did)
 
 
-def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list[BlockTier]:
+def build_tiers(settings: StoreSettings, block_nbytes: int, device: str,
+                rot_tiers: Sequence[str] = ()) -> list[BlockTier]:
+    """rot_tiers: the tiers that rot every block written into them (fault tests, KVFaultSettings)."""
     tiers: list[BlockTier] = []
     if settings.device_bytes >= block_nbytes:
         tiers.append(device_tier(settings.device_bytes, block_nbytes, device))
@@ -67,16 +71,17 @@ def build_tiers(settings: StoreSettings, block_nbytes: int, device: str) -> list
     if settings.nvme_dir is not None and settings.nvme_bytes >= block_nbytes:
         tiers.append(DiskTier(Path(settings.nvme_dir).expanduser(), settings.nvme_bytes, block_nbytes,
                               fsync=settings.nvme_fsync))
-    return tiers
+    return [RottingTier(tier, (index + 1) * block_nbytes // (len(tiers) + 1)) if tier.name in rot_tiers else tier
+            for index, tier in enumerate(tiers)]
 
 
 class StoreAgent:
     def __init__(self, settings: StoreSettings, compat: common_pb2.CompatInfo, device: str,
-                 pieces: list[tuple[int, int]], auth: MeshAuth | None = None) -> None:
-        """pieces: (num_parts, part_nbytes) of each layer of the engine's KV cache."""
+                 pieces: list[tuple[int, int]], auth: MeshAuth | None = None, rot_tiers: Sequence[str] = ()) -> None:
+        """pieces: (num_parts, part_nbytes) of each layer of the engine's KV cache; rot_tiers: see build_tiers."""
         self._block_size = compat.block_size
         self._seed = fingerprint_seed(compat)
-        tiers = build_tiers(settings, compat.block_nbytes, device)
+        tiers = build_tiers(settings, compat.block_nbytes, device, rot_tiers)
         self.index = (RedisBlockIndex.connect(settings.redis_url, settings.redis_password,
                                               namespace=compat.model_fingerprint, node="",
                                               ttl_s=settings.index_ttl_s)
@@ -264,6 +269,7 @@ class StoreAgent:
             "kv_store_occupancy_bytes": self.store.occupancy_bytes(),
             "kv_store_hit_blocks": {**self.store.hits, REMOTE: totals.get("remote_blocks", 0)},
             "kv_store_corrupt_blocks": sum(self.store.corrupt.values()),
+            "kv_store_corrupt_blocks_by_tier": dict(self.store.corrupt),
             "kv_store_blocks_saved": totals.get("blocks_saved", 0),
             "kv_store_blocks_loaded": totals.get("blocks_loaded", 0),
             "kv_store_failed_blocks": totals.get("failed_blocks", 0),

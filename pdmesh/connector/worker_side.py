@@ -132,7 +132,8 @@ class ConnectorWorker:
         self.progress = LayerProgress(self._paged.num_layers, self.held)
         if self._store_settings is not None:
             pieces = [(region.num_parts, region.part_nbytes) for region in self._paged.regions()]
-            self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, pieces, auth)
+            self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, pieces, auth,
+                                    rot_tiers=self._transport.kv_faults.rot_store_tiers)
             self.saver = StoreSaver(self.store, self._paged, self.held, self._store_settings.save_queue_bytes)
         self._exporters = self._make_exporters()
         self._store_exporters = self._make_store_exporters() if self.store else []

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/worker.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x1e\n\x0eSpillKVRequest\x12\x0c\n\x04tier\x18\x01 \x01(\t\"+\n\x0fSpillKVResponse\x12\x18\n\x10num_blocks_moved\x18\x01 \x01(\x05\"\x11\n\x0fGetStatsRequest\"\xc0\x07\n\x0bWorkerStats\x12\x1a\n\x12kv_blocks_received\x18\x01 \x01(\x03\x12\x19\n\x11kv_bytes_received\x18\x02 \x01(\x03\x12\x18\n\x10kv_failed_blocks\x18\x03 \x01(\x03\x12\x16\n\x0ekv_blocks_sent\x18\x04 \x01(\x03\x12\x15\n\rkv_bytes_sent\x18\x05 \x01(\x03\x12\x1a\n\x12num_held_transfers\x18\x06 \x01(\x05\x12\x1d\n\x15num_expired_transfers\x18\x07 \x01(\x03\x12\x17\n\x0fkv_store_blocks\x18\x08 \x01(\x03\x12S\n\x18kv_store_occupancy_bytes\x18\t \x03(\x0b\x32\x31.pdmesh.v1.WorkerStats.KvStoreOccupancyBytesEntry\x12I\n\x13kv_store_hit_blocks\x18\n \x03(\x0b\x32,.pdmesh.v1.WorkerStats.KvStoreHitBlocksEntry\x12\x1f\n\x17kv_store_corrupt_blocks\x18\x0b \x01(\x03\x12\x1d\n\x15kv_store_blocks_saved\x18\x0c \x01(\x03\x12\x1e\n\x16kv_store_blocks_loaded\x18\r \x01(\x03\x12\x1e\n\x16kv_store_failed_blocks\x18\x0e \x01(\x03\x12\x1e\n\x16kv_store_pinned_blocks\x18\x0f \x01(\x05\x12\x1f\n\x17kv_store_dropped_blocks\x18\x10 \x01(\x03\x12\x1d\n\x15kv_store_index_errors\x18\x11 \x01(\x03\x12\x1c\n\x14num_running_requests\x18\x12 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x13 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x14 \x01(\x01\x12\x15\n\rnum_kv_blocks\x18\x15 \x01(\x03\x12\x1e\n\x16kv_store_saves_skipped\x18\x16 \x01(\x03\x12\x1f\n\x17kv_store_blocks_skipped\x18\x17 \x01(\x03\x12\x1a\n\x12kv_store_loads_cut\x18\x18 \x01(\x03\x12\x1e\n\x16kv_store_saves_pending\x18\x19 \x01(\x05\x1a<\n\x1aKvStoreOccupancyBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x37\n\x15KvStoreHitBlocksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x82\x02\n\x0cWorkerRecord\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nkv_address\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x07 \x01(\x05\x12\x13\n\x0bnum_running\x18\x08 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\t \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\n \x01(\x01\x12\x12\n\nstarted_at\x18\x0b \x01(\x01\x12\x12\n\nupdated_at\x18\x0c \x01(\x01\"\x10\n\x0eGetInfoRequest\"\x97\x01\n\x12WorkerInfoResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12%\n\x06\x63ompat\x18\x04 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x12\n\nkv_address\x18\x05 \x01(\t\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\"\'\n\x10ReleaseKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"%\n\x11ReleaseKVResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x9e\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x1d\n\x15layerwise_transfer_id\x18\x05 \x01(\t\"\xd8\x02\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1f\n\x02kv\x18\x02 \x01(\x0b\x32\x13.pdmesh.v1.KVHandle\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\x05\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\x05\x12\x12\n\nfirst_text\x18\x06 \x01(\t\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x46\n\x0fkv_store_tokens\x18\x08 \x03(\x0b\x32-.pdmesh.v1.PrefillResponse.KvStoreTokensEntry\x1a\x34\n\x12KvStoreTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x9f\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x1f\n\x02kv\x18\x04 \x01(\x0b\x32\x13.pdmesh.v1.KVHandle\x12\x12\n\ncache_salt\x18\x05 \x01(\t\"\xe6\x02\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\x12\x1a\n\x12kv_blocks_received\x18\x05 \x01(\x05\x12\x19\n\x11kv_bytes_received\x18\x06 \x01(\x03\x12\x12\n\nkv_seconds\x18\x07 \x01(\x01\x12\x1e\n\x16kv_first_block_seconds\x18\x08 \x01(\x01\x12&\n\x1ekv_seconds_before_prefill_done\x18\t \x01(\x01\x12%\n\x1dkv_seconds_after_prefill_done\x18\n \x01(\x01\x12\x18\n\x10kv_overlap_ratio\x18\x0b \x01(\x01\x12\x14\n\x0ckv_layerwise\x18\x0c \x01(\x08\x32\xd3\x01\n\nWorkerInfo\x12\x43\n\x07GetInfo\x12\x19.pdmesh.v1.GetInfoRequest\x1a\x1d.pdmesh.v1.WorkerInfoResponse\x12>\n\x08GetStats\x12\x1a.pdmesh.v1.GetStatsRequest\x1a\x16.pdmesh.v1.WorkerStats\x12@\n\x07SpillKV\x12\x19.pdmesh.v1.SpillKVRequest\x1a\x1a.pdmesh.v1.SpillKVResponse2\x91\x01\n\x07Prefill\x12@\n\x07Prefill\x12\x19.pdmesh.v1.PrefillRequest\x1a\x1a.pdmesh.v1.PrefillResponse\x12\x44\n\x07Release\x12\x1b.pdmesh.v1.ReleaseKVRequest\x1a\x1c.pdmesh.v1.ReleaseKVResponse2I\n\x06\x44\x65\x63ode\x12?\n\x06\x44\x65\x63ode\x12\x18.pdmesh.v1.DecodeRequest\x1a\x19.pdmesh.v1.DecodeResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/worker.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x1e\n\x0eSpillKVRequest\x12\x0c\n\x04tier\x18\x01 \x01(\t\"+\n\x0fSpillKVResponse\x12\x18\n\x10num_blocks_moved\x18\x01 \x01(\x05\"\x11\n\x0fGetStatsRequest\"\xe4\x08\n\x0bWorkerStats\x12\x1a\n\x12kv_blocks_received\x18\x01 \x01(\x03\x12\x19\n\x11kv_bytes_received\x18\x02 \x01(\x03\x12\x18\n\x10kv_failed_blocks\x18\x03 \x01(\x03\x12\x16\n\x0ekv_blocks_sent\x18\x04 \x01(\x03\x12\x15\n\rkv_bytes_sent\x18\x05 \x01(\x03\x12\x1a\n\x12num_held_transfers\x18\x06 \x01(\x05\x12\x1d\n\x15num_expired_transfers\x18\x07 \x01(\x03\x12\x17\n\x0fkv_store_blocks\x18\x08 \x01(\x03\x12S\n\x18kv_store_occupancy_bytes\x18\t \x03(\x0b\x32\x31.pdmesh.v1.WorkerStats.KvStoreOccupancyBytesEntry\x12I\n\x13kv_store_hit_blocks\x18\n \x03(\x0b\x32,.pdmesh.v1.WorkerStats.KvStoreHitBlocksEntry\x12\x1f\n\x17kv_store_corrupt_blocks\x18\x0b \x01(\x03\x12\x1d\n\x15kv_store_blocks_saved\x18\x0c \x01(\x03\x12\x1e\n\x16kv_store_blocks_loaded\x18\r \x01(\x03\x12\x1e\n\x16kv_store_failed_blocks\x18\x0e \x01(\x03\x12\x1e\n\x16kv_store_pinned_blocks\x18\x0f \x01(\x05\x12\x1f\n\x17kv_store_dropped_blocks\x18\x10 \x01(\x03\x12\x1d\n\x15kv_store_index_errors\x18\x11 \x01(\x03\x12\x1c\n\x14num_running_requests\x18\x12 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x13 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x14 \x01(\x01\x12\x15\n\rnum_kv_blocks\x18\x15 \x01(\x03\x12\x1e\n\x16kv_store_saves_skipped\x18\x16 \x01(\x03\x12\x1f\n\x17kv_store_blocks_skipped\x18\x17 \x01(\x03\x12\x1a\n\x12kv_store_loads_cut\x18\x18 \x01(\x03\x12\x1e\n\x16kv_store_saves_pending\x18\x19 \x01(\x05\x12_\n\x1fkv_store_corrupt_blocks_by_tier\x18\x1a \x03(\x0b\x32\x36.pdmesh.v1.WorkerStats.KvStoreCorruptBlocksByTierEntry\x1a<\n\x1aKvStoreOccupancyBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x37\n\x15KvStoreHitBlocksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x41\n\x1fKvStoreCorruptBlocksByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x82\x02\n\x0cWorkerRecord\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nkv_address\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x07 \x01(\x05\x12\x13\n\x0bnum_running\x18\x08 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\t \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\n \x01(\x01\x12\x12\n\nstarted_at\x18\x0b \x01(\x01\x12\x12\n\nupdated_at\x18\x0c \x01(\x01\"\x10\n\x0eGetInfoRequest\"\x97\x01\n\x12WorkerInfoResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12%\n\x06\x63ompat\x18\x04 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x12\n\nkv_address\x18\x05 \x01(\t\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\"\'\n\x10ReleaseKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"%\n\x11ReleaseKVResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x9e\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x1d\n\x15layerwise_transfer_id\x18\x05 \x01(\t\"\xd8\x02\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1f\n\x02kv\x18\x02 \x01(\x0b\x32\x13.pdmesh.v1.KVHandle\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\x05\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\x05\x12\x12\n\nfirst_text\x18\x06 \x01(\t\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x46\n\x0fkv_store_tokens\x18\x08 \x03(\x0b\x32-.pdmesh.v1.PrefillResponse.KvStoreTokensEntry\x1a\x34\n\x12KvStoreTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x9f\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x1f\n\x02kv\x18\x04 \x01(\x0b\x32\x13.pdmesh.v1.KVHandle\x12\x12\n\ncache_salt\x18\x05 \x01(\t\"\xe6\x02\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\x12\x1a\n\x12kv_blocks_received\x18\x05 \x01(\x05\x12\x19\n\x11kv_bytes_received\x18\x06 \x01(\x03\x12\x12\n\nkv_seconds\x18\x07 \x01(\x01\x12\x1e\n\x16kv_first_block_seconds\x18\x08 \x01(\x01\x12&\n\x1ekv_seconds_before_prefill_done\x18\t \x01(\x01\x12%\n\x1dkv_seconds_after_prefill_done\x18\n \x01(\x01\x12\x18\n\x10kv_overlap_ratio\x18\x0b \x01(\x01\x12\x14\n\x0ckv_layerwise\x18\x0c \x01(\x08\x32\xd3\x01\n\nWorkerInfo\x12\x43\n\x07GetInfo\x12\x19.pdmesh.v1.GetInfoRequest\x1a\x1d.pdmesh.v1.WorkerInfoResponse\x12>\n\x08GetStats\x12\x1a.pdmesh.v1.GetStatsRequest\x1a\x16.pdmesh.v1.WorkerStats\x12@\n\x07SpillKV\x12\x19.pdmesh.v1.SpillKVRequest\x1a\x1a.pdmesh.v1.SpillKVResponse2\x91\x01\n\x07Prefill\x12@\n\x07Prefill\x12\x19.pdmesh.v1.PrefillRequest\x1a\x1a.pdmesh.v1.PrefillResponse\x12\x44\n\x07Release\x12\x1b.pdmesh.v1.ReleaseKVRequest\x1a\x1c.pdmesh.v1.ReleaseKVResponse2I\n\x06\x44\x65\x63ode\x12?\n\x06\x44\x65\x63ode\x12\x18.pdmesh.v1.DecodeRequest\x1a\x19.pdmesh.v1.DecodeResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERSTATS_KVSTOREOCCUPANCYBYTESENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSTATS_KVSTOREHITBLOCKSENTRY']._loaded_options = None
   _globals['_WORKERSTATS_KVSTOREHITBLOCKSENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATS_KVSTORECORRUPTBLOCKSBYTIERENTRY']._loaded_options = None
+  _globals['_WORKERSTATS_KVSTORECORRUPTBLOCKSBYTIERENTRY']._serialized_options = b'8\001'
   _globals['_PREFILLRESPONSE_KVSTORETOKENSENTRY']._loaded_options = None
   _globals['_PREFILLRESPONSE_KVSTORETOKENSENTRY']._serialized_options = b'8\001'
   _globals['_SPILLKVREQUEST']._serialized_start=61
@@ -45,35 +47,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATSREQUEST']._serialized_start=138
   _globals['_GETSTATSREQUEST']._serialized_end=155
   _globals['_WORKERSTATS']._serialized_start=158
-  _globals['_WORKERSTATS']._serialized_end=1118
-  _globals['_WORKERSTATS_KVSTOREOCCUPANCYBYTESENTRY']._serialized_start=1001
-  _globals['_WORKERSTATS_KVSTOREOCCUPANCYBYTESENTRY']._serialized_end=1061
-  _globals['_WORKERSTATS_KVSTOREHITBLOCKSENTRY']._serialized_start=1063
-  _globals['_WORKERSTATS_KVSTOREHITBLOCKSENTRY']._serialized_end=1118
-  _globals['_WORKERRECORD']._serialized_start=1121
-  _globals['_WORKERRECORD']._serialized_end=1379
-  _globals['_GETINFOREQUEST']._serialized_start=1381
-  _globals['_GETINFOREQUEST']._serialized_end=1397
-  _globals['_WORKERINFORESPONSE']._serialized_start=1400
-  _globals['_WORKERINFORESPONSE']._serialized_end=1551
-  _globals['_RELEASEKVREQUEST']._serialized_start=1553
-  _globals['_RELEASEKVREQUEST']._serialized_end=1592
-  _globals['_RELEASEKVRESPONSE']._serialized_start=1594
-  _globals['_RELEASEKVRESPONSE']._serialized_end=1631
-  _globals['_PREFILLREQUEST']._serialized_start=1634
-  _globals['_PREFILLREQUEST']._serialized_end=1792
-  _globals['_PREFILLRESPONSE']._serialized_start=1795
-  _globals['_PREFILLRESPONSE']._serialized_end=2139
-  _globals['_PREFILLRESPONSE_KVSTORETOKENSENTRY']._serialized_start=2087
-  _globals['_PREFILLRESPONSE_KVSTORETOKENSENTRY']._serialized_end=2139
-  _globals['_DECODEREQUEST']._serialized_start=2142
-  _globals['_DECODEREQUEST']._serialized_end=2301
-  _globals['_DECODERESPONSE']._serialized_start=2304
-  _globals['_DECODERESPONSE']._serialized_end=2662
-  _globals['_WORKERINFO']._serialized_start=2665
-  _globals['_WORKERINFO']._serialized_end=2876
-  _globals['_PREFILL']._serialized_start=2879
-  _globals['_PREFILL']._serialized_end=3024
-  _globals['_DECODE']._serialized_start=3026
-  _globals['_DECODE']._serialized_end=3099
+  _globals['_WORKERSTATS']._serialized_end=1282
+  _globals['_WORKERSTATS_KVSTOREOCCUPANCYBYTESENTRY']._serialized_start=1098
+  _globals['_WORKERSTATS_KVSTOREOCCUPANCYBYTESENTRY']._serialized_end=1158
+  _globals['_WORKERSTATS_KVSTOREHITBLOCKSENTRY']._serialized_start=1160
+  _globals['_WORKERSTATS_KVSTOREHITBLOCKSENTRY']._serialized_end=1215
+  _globals['_WORKERSTATS_KVSTORECORRUPTBLOCKSBYTIERENTRY']._serialized_start=1217
+  _globals['_WORKERSTATS_KVSTORECORRUPTBLOCKSBYTIERENTRY']._serialized_end=1282
+  _globals['_WORKERRECORD']._serialized_start=1285
+  _globals['_WORKERRECORD']._serialized_end=1543
+  _globals['_GETINFOREQUEST']._serialized_start=1545
+  _globals['_GETINFOREQUEST']._serialized_end=1561
+  _globals['_WORKERINFORESPONSE']._serialized_start=1564
+  _globals['_WORKERINFORESPONSE']._serialized_end=1715
+  _globals['_RELEASEKVREQUEST']._serialized_start=1717
+  _globals['_RELEASEKVREQUEST']._serialized_end=1756
+  _globals['_RELEASEKVRESPONSE']._serialized_start=1758
+  _globals['_RELEASEKVRESPONSE']._serialized_end=1795
+  _globals['_PREFILLREQUEST']._serialized_start=1798
+  _globals['_PREFILLREQUEST']._serialized_end=1956
+  _globals['_PREFILLRESPONSE']._serialized_start=1959
+  _globals['_PREFILLRESPONSE']._serialized_end=2303
+  _globals['_PREFILLRESPONSE_KVSTORETOKENSENTRY']._serialized_start=2251
+  _globals['_PREFILLRESPONSE_KVSTORETOKENSENTRY']._serialized_end=2303
+  _globals['_DECODEREQUEST']._serialized_start=2306
+  _globals['_DECODEREQUEST']._serialized_end=2465
+  _globals['_DECODERESPONSE']._serialized_start=2468
+  _globals['_DECODERESPONSE']._serialized_end=2826
+  _globals['_WORKERINFO']._serialized_start=2829
+  _globals['_WORKERINFO']._serialized_end=3040
+  _globals['_PREFILL']._serialized_start=3043
+  _globals['_PREFILL']._serialized_end=3188
+  _globals['_DECODE']._serialized_start=3190
+  _globals['_DECODE']._serialized_end=3263
 # @@protoc_insertion_point(module_scope)

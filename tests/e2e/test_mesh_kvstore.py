@@ -16,19 +16,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.block_key import block_keys
 from kvstore.disk_tier import find_block
-from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
 from pdmesh.compat import fingerprint_seed
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.kvstore.factories import flip_bit
-from tests.e2e.conftest import (HOLD_TIMEOUT_S, STORE_PREFIX_TOKENS, STORE_SCENARIOS, STORE_SUFFIX_TOKENS,
-                                in_process_gateway, settled_stats, store_prompt_pair, telemetry_flags, worker_stats)
+from tests.e2e.conftest import (HOLD_TIMEOUT_S, STORE_PREFIX_TOKENS, STORE_SUFFIX_TOKENS, settled_stats,
+                                store_prompt_pair, telemetry_flags, worker_stats)
+from tests.e2e.store_scenarios import BLOCK_SIZE, PROMPT_TOKENS, first_then_second, spill
 
 pytestmark = pytest.mark.vllm
-BLOCK_SIZE = 32
 BLOCK_NBYTES = 4 * 2 * 32 * 128 * 4  # layers * (K,V) * block_size * (kv_heads * head_dim) * fp32
-PROMPT_TOKENS = STORE_PREFIX_TOKENS + STORE_SUFFIX_TOKENS
-MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
@@ -45,63 +42,14 @@ def store_cluster(tiny_llama_dir, reference, redis, otlp_receiver, tmp_path_fact
             assert (stats.num_held_transfers, stats.num_expired_transfers, stats.kv_store_pinned_blocks) == (0, 0, 0)
 
 
-def _expected(reference, scenario: str) -> list[list[int]]:
-    outputs = reference["runs"][4]["token_ids"]
-    i = STORE_SCENARIOS.index(scenario)
-    return [token_ids[:MAX_TOKENS] for token_ids in outputs[2 * i:2 * i + 2]]
-
-
-async def _generate(cluster, tokenizer_dir, prefill: int, prompt: list[int], request_id: str):
-    """Tokens and final response of a request whose prefill runs on one chosen worker."""
-    async with in_process_gateway(cluster, tokenizer_dir, prefill_workers=[cluster.prefill_addresses[prefill]]) \
-            as address:
-        token_ids, _, last = await generate(address, make_request(prompt, max_tokens=MAX_TOKENS,
-                                                                  request_id=request_id))
-    return token_ids, last
-
-
-async def _spill(cluster, prefill: int, tier: str) -> int:
-    async with grpc.aio.insecure_channel(cluster.prefill_addresses[prefill]) as channel:
-        response = await worker_pb2_grpc.WorkerInfoStub(channel).SpillKV(worker_pb2.SpillKVRequest(tier=tier))
-    return response.num_blocks_moved
-
-
-async def _first_then_second(cluster, tokenizer_dir, reference, scenario: str, first_on: int, second_on: int,
-                             between=None):
-    """Sends a scenario's two prompts; asserts both equal monolithic vLLM; returns the second's stats."""
-    first_prompt, second_prompt = store_prompt_pair(scenario)
-    want_first, want_second = _expected(reference, scenario)
-    token_ids, first = await _generate(cluster, tokenizer_dir, first_on, first_prompt, f"{scenario}-first")
-    assert token_ids == want_first
-    assert (first.transfer.prefill_computed_tokens, dict(first.transfer.prefill_store_tokens)) == (PROMPT_TOKENS, {})
-    await _saved(cluster, first_on)
-    if between is not None:
-        await between()
-    token_ids, second = await _generate(cluster, tokenizer_dir, second_on, second_prompt, f"{scenario}-second")
-    assert token_ids == want_second
-    return second.transfer
-
-
-async def _saved(cluster, prefill: int, timeout_s: float = 10.0) -> None:
-    """Saves run in the background (the blocks are unpinned once copied out, before the store and its
-    Redis index have them): wait until nothing is pinned and no save is queued or being written."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        stats = await worker_stats(cluster.prefill_addresses[prefill])
-        if (stats.num_held_transfers, stats.kv_store_saves_pending) == (0, 0):
-            return
-        assert asyncio.get_running_loop().time() < deadline, "save did not finish"
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.parametrize("scenario, spill_to", [("device", None), ("dram", "dram"), ("nvme", "nvme")])
 async def test_a_shared_prefix_is_loaded_from_each_tier_and_only_the_rest_is_computed(
         store_cluster, tiny_llama_dir, reference, scenario, spill_to):
-    async def spill():
-        assert await _spill(store_cluster, 0, spill_to) >= STORE_PREFIX_TOKENS // BLOCK_SIZE
+    async def spill_prefix():
+        assert await spill(store_cluster, 0, spill_to) >= STORE_PREFIX_TOKENS // BLOCK_SIZE
 
-    transfer = await _first_then_second(store_cluster, tiny_llama_dir, reference, scenario, 0, 0,
-                                        between=spill if spill_to else None)
+    transfer = await first_then_second(store_cluster, tiny_llama_dir, reference, scenario, 0, 0,
+                                       between=spill_prefix if spill_to else None)
     assert dict(transfer.prefill_store_tokens) == {scenario: STORE_PREFIX_TOKENS}
     assert (transfer.prefill_computed_tokens, transfer.prefill_cached_tokens) == (
         STORE_SUFFIX_TOKENS, STORE_PREFIX_TOKENS)
@@ -110,7 +58,7 @@ async def test_a_shared_prefix_is_loaded_from_each_tier_and_only_the_rest_is_com
 async def test_a_prefix_another_worker_computed_is_fetched_from_its_store(store_cluster, tiny_llama_dir, reference,
                                                                        otlp_receiver):
     before = await worker_stats(store_cluster.prefill_addresses[1])
-    transfer = await _first_then_second(store_cluster, tiny_llama_dir, reference, "remote", 0, 1)
+    transfer = await first_then_second(store_cluster, tiny_llama_dir, reference, "remote", 0, 1)
     assert dict(transfer.prefill_store_tokens) == {"remote": STORE_PREFIX_TOKENS}
     assert transfer.prefill_computed_tokens == STORE_SUFFIX_TOKENS
     after = await worker_stats(store_cluster.prefill_addresses[1])
@@ -159,8 +107,8 @@ async def test_redis_losing_the_index_is_a_miss_and_the_output_stays_right(
         else:
             await asyncio.to_thread(redis.restart)
 
-    transfer = await _first_then_second(store_cluster, tiny_llama_dir, reference, scenario, 0, 1,
-                                        between=lose_index)
+    transfer = await first_then_second(store_cluster, tiny_llama_dir, reference, scenario, 0, 1,
+                                       between=lose_index)
     assert (dict(transfer.prefill_store_tokens), transfer.prefill_computed_tokens) == ({}, PROMPT_TOKENS)
 
 
@@ -170,7 +118,7 @@ async def test_a_bit_flipped_on_nvme_is_detected_counted_and_recomputed(store_cl
     before = await worker_stats(address)
 
     async def flip_a_bit():
-        await _spill(store_cluster, 0, "nvme")
+        await spill(store_cluster, 0, "nvme")
         async with grpc.aio.insecure_channel(address) as channel:
             info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest())
         keys = block_keys(fingerprint_seed(info.compat), store_prompt_pair("corrupt_nvme")[0], BLOCK_SIZE)
@@ -178,8 +126,8 @@ async def test_a_bit_flipped_on_nvme_is_detected_counted_and_recomputed(store_cl
                                   info.compat.block_nbytes)
         flip_bit(path, offset + 1000, 0x04)
 
-    transfer = await _first_then_second(store_cluster, tiny_llama_dir, reference, "corrupt_nvme", 0, 0,
-                                        between=flip_a_bit)
+    transfer = await first_then_second(store_cluster, tiny_llama_dir, reference, "corrupt_nvme", 0, 0,
+                                       between=flip_a_bit)
     assert dict(transfer.prefill_store_tokens) == {"nvme": corrupt_block * BLOCK_SIZE}
     assert transfer.prefill_computed_tokens == PROMPT_TOKENS - corrupt_block * BLOCK_SIZE
     after = await worker_stats(address)
