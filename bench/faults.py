@@ -41,15 +41,20 @@ async def run_campaign(spec: MeshSpec, fault_names: list[str], trials: int, num_
 def markdown_table(results: list[FaultResult]) -> str:
     columns = [o.value for o in Outcome]
     lines = ["| fault | run (UTC) | trials (hit) | requests (in flight at a fault) | " + " | ".join(columns)
-             + " | leaks | goal |", "|---" * (len(columns) + 6) + "|"]
+             + " | leaks | tenant B hits (probes) | goal |", "|---" * (len(columns) + 7) + "|"]
     for r in results:
         if r.skipped:
-            lines.append(f"| {r.fault} | {r.run_at} | not run: {r.skipped} |" + " |" * (len(columns) + 3))
+            lines.append(f"| {r.fault} | {r.run_at} | not run: {r.skipped} |" + " |" * (len(columns) + 4))
             continue
         counts = " | ".join(str(r.outcomes.get(c, 0)) for c in columns)
         lines.append(f"| {r.fault} | {r.run_at or '-'} | {r.trials} ({r.trials_hit}) | {r.requests} ({r.requests_hit}) | {counts} | "
-                     f"{len(r.leaks)} | {'met' if r.meets_goal else 'MISSED'} |")
+                     f"{len(r.leaks)} | {_probes(r)} | {'met' if r.meets_goal else 'MISSED'} |")
     return "\n".join(lines) + "\n"
+
+
+def _probes(result: FaultResult) -> str:
+    """Tenant B's hits of tenant A's KV among its judged probes ("-": a row run before the probe)."""
+    return f"{result.cross_tenant_hits} ({result.probes_judged})" if result.probes_judged else "-"
 
 
 def plot(results: list[FaultResult], path: Path) -> None:

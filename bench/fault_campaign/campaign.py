@@ -8,9 +8,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from bench.fault_campaign.faults import Fault, Trial
-from bench.fault_campaign.load import StreamLoad, Workload
+from bench.fault_campaign.load import Workload
 from bench.fault_campaign.mesh import FaultMesh
-from bench.fault_campaign.outcomes import GOOD, not_completed, tally
+from bench.fault_campaign.outcomes import GOOD, cross_tenant_hits, not_completed, tally
 
 WARMUP_S = 2.0
 PAUSE_S = 1.0          # load between trials
@@ -32,6 +32,8 @@ class FaultResult:
     trial_notes: list[str] = field(default_factory=list)
     streams: int = 0
     run_at: str = ""             # UTC date and time the fault's trials started
+    probes_judged: int = 0       # tenant B's probe requests that completed in one try (load.py)
+    cross_tenant_hits: int = 0   # of those, how many reused cached tokens: tenant A's KV
 
     @classmethod
     def from_json(cls, row: dict) -> "FaultResult":
@@ -44,7 +46,8 @@ class FaultResult:
 
     @property
     def meets_goal(self) -> bool:
-        return not self.skipped and self.requests > 0 and self.good_share == 1.0 and not self.leaks
+        return (not self.skipped and self.requests > 0 and self.good_share == 1.0 and not self.leaks
+                and not self.cross_tenant_hits)
 
     def as_json(self) -> dict:
         return {**asdict(self), "good_share": self.good_share, "meets_goal": self.meets_goal}
@@ -59,7 +62,7 @@ async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: i
         return result
     started = time.monotonic()
     done: list[Trial] = []
-    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams, mesh.spec.hang_s) as load:
+    async with mesh.stream_load(workload, num_streams) as load:
         await asyncio.sleep(WARMUP_S)
         for index in range(trials):
             trial = await asyncio.to_thread(fault.inject, mesh, index)
@@ -78,4 +81,5 @@ async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: i
     result.requests_hit = sum(any(r.in_flight_at(t.at_s) for t in done) for r in load.results)
     result.outcomes = tally(load.results)
     result.not_completed = not_completed(load.results)
+    result.probes_judged, result.cross_tenant_hits = cross_tenant_hits(load.results)
     return result

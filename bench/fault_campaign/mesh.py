@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import socket
@@ -19,10 +20,15 @@ import grpc
 
 from pdmesh.cluster import LocalCluster
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from bench.fault_campaign.load import StreamLoad, Tenant, Workload
 from bench.fault_campaign.proxy import FaultProxy
 from tests.redis_server import RedisServer
 
 REDIS_PASSWORD = "campaign-pw"
+# Two tenants (API key -> tenant): the load's streams are tenant A's, the isolation probe's tenant B's.
+LOAD_TENANT = Tenant(api_key="campaign-key-a")
+PROBE_TENANT = Tenant(api_key="campaign-key-b", salt_each_request=True)
+API_KEYS = {LOAD_TENANT.api_key: "tenant-a", PROBE_TENANT.api_key: "tenant-b"}
 
 
 @dataclass
@@ -72,7 +78,8 @@ class FaultMesh:
                 num_decode=self.spec.num_decode, worker_args=self._worker_args(),
                 prefill_args=self._store_args(), args_by_name=self._kv_args(),
                 gateway_args=["--route_policy", "round_robin", "--worker_cooldown_s", "1",
-                              "--request_timeout_s", str(self.spec.request_timeout_s)])
+                              "--request_timeout_s", str(self.spec.request_timeout_s),
+                              "--api_keys", json.dumps(API_KEYS)])
             self.cluster.start()
         except BaseException:
             self.__exit__()
@@ -87,6 +94,10 @@ class FaultMesh:
         for path in self.nvme_dirs.values():
             subprocess.run(["umount", str(path)], check=False, capture_output=True)
         self.redis.stop()
+
+    def stream_load(self, workload: Workload, num_streams: int, probe: Tenant | None = PROBE_TENANT) -> StreamLoad:
+        """num_streams of tenant A on the gateway, and one of the tenant-isolation probe."""
+        return StreamLoad(self.cluster.gateway_address, workload, num_streams, self.spec.hang_s, LOAD_TENANT, probe)
 
     def stats(self, name: str, timeout_s: float = 30.0) -> worker_pb2.WorkerStats:
         """A worker's stats; under the campaign's load on 2 cores an answer took over 5 s at times."""

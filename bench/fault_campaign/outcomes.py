@@ -27,6 +27,9 @@ class RequestResult:
     ended_s: float
     outcome: Outcome
     detail: str = ""          # the status and message, or where the tokens went wrong
+    probe: bool = False       # sent by the load's tenant-isolation probe (load.py)
+    prefill_cached_tokens: int = 0   # prompt tokens its prefill did not compute (prefix cache, KV store)
+    num_failovers: int = 0
 
     def in_flight_at(self, moment_s: float) -> bool:
         return self.started_s <= moment_s <= self.ended_s
@@ -55,6 +58,13 @@ def not_completed(results: list[RequestResult], most: int = 10) -> dict[str, int
     """The most frequent outcomes other than completed, with their details: how many each."""
     details = Counter(f"{r.outcome.value}: {r.detail}" for r in results if r.outcome != Outcome.COMPLETED)
     return dict(details.most_common(most))
+
+
+def cross_tenant_hits(results: list[RequestResult]) -> tuple[int, int]:
+    """(probe requests judged, those whose prefill reused cached tokens: another tenant's KV). A
+    probe is judged when it completed without a failover (a retry may reuse its own first try's KV)."""
+    judged = [r for r in results if r.probe and r.outcome == Outcome.COMPLETED and not r.num_failovers]
+    return len(judged), sum(1 for r in judged if r.prefill_cached_tokens > 0)
 
 
 def tally(results: list[RequestResult]) -> dict[str, int]:

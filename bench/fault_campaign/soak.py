@@ -9,9 +9,9 @@ import asyncio
 import time
 from dataclasses import asdict, dataclass, field
 
-from bench.fault_campaign.load import StreamLoad, Workload
+from bench.fault_campaign.load import Workload
 from bench.fault_campaign.mesh import FaultMesh
-from bench.fault_campaign.outcomes import Outcome, not_completed, tally
+from bench.fault_campaign.outcomes import Outcome, cross_tenant_hits, not_completed, tally
 from bench.fault_campaign.resources import Sample, take_sample
 
 MEMORY_TOLERANCE = 0.05    # a process's PSS may end this much above the checkpoint after warm-up
@@ -36,10 +36,13 @@ class SoakResult:
     end: Sample | None = None            # the quiet checkpoint at the end
     samples: list[Sample] = field(default_factory=list)   # under load
     leaks: list[str] = field(default_factory=list)
+    probes_judged: int = 0       # tenant B's probe requests that completed in one try (load.py)
+    cross_tenant_hits: int = 0   # of those, how many reused cached tokens: tenant A's KV
 
     @property
     def checks(self) -> list[Check]:
-        return [self._nothing_lost(), *self._flat_processes(), self._nothing_held(), self._redis_bounded()]
+        return [self._nothing_lost(), *self._flat_processes(), self._nothing_held(), self._redis_bounded(),
+                self._tenants_apart()]
 
     @property
     def passed(self) -> bool:
@@ -70,6 +73,10 @@ class SoakResult:
     def _nothing_held(self) -> Check:
         return Check("no KV block, transfer or pinned block held", not self.leaks, "; ".join(self.leaks) or "none")
 
+    def _tenants_apart(self) -> Check:
+        return Check("no tenant reused another's KV", self.probes_judged > 0 and not self.cross_tenant_hits,
+                     f"{self.cross_tenant_hits} of {self.probes_judged} tenant-B probes reused cached tokens")
+
     def _redis_bounded(self) -> Check:
         """Every Redis key is a stored block's index entry: keys of evicted blocks must go with them."""
         keys, blocks = self.end.redis_keys, self.end.num_store_blocks
@@ -81,7 +88,7 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
                    warmup_s: float = 30.0, sample_every_s: float = 10.0) -> SoakResult:
     result = SoakResult(seconds, num_streams)
     started = time.monotonic()
-    async with StreamLoad(mesh.cluster.gateway_address, workload, num_streams, mesh.spec.hang_s) as load:
+    async with mesh.stream_load(workload, num_streams) as load:
         await asyncio.sleep(warmup_s)
         await load.pause()
         result.start, _ = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
@@ -95,6 +102,7 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
     result.requests = len(load.results)
     result.outcomes = tally(load.results)
     result.not_completed = not_completed(load.results)
+    result.probes_judged, result.cross_tenant_hits = cross_tenant_hits(load.results)
     return result
 
 

@@ -1,7 +1,7 @@
 import grpc
 import pytest
 
-from bench.fault_campaign.outcomes import Outcome, RequestResult, classify, not_completed
+from bench.fault_campaign.outcomes import Outcome, RequestResult, classify, cross_tenant_hits, not_completed
 
 
 class _Error(grpc.aio.AioRpcError):
@@ -30,3 +30,13 @@ def test_not_completed_counts_each_other_outcome_with_its_detail():
                RequestResult(2, 0.0, 1.0, Outcome.HUNG, "no end"), RequestResult(3, 0.0, 1.0, Outcome.WRONG, "token 3")]
     assert not_completed(results) == {"hung: no end": 2, "wrong: token 3": 1}
     assert not_completed(results, most=1) == {"hung: no end": 2}
+
+
+def test_a_probe_that_reused_cached_tokens_in_one_try_is_a_cross_tenant_hit():
+    def probe(cached: int, outcome: Outcome = Outcome.COMPLETED, failovers: int = 0) -> RequestResult:
+        return RequestResult(0, 0.0, 1.0, outcome, probe=True, prefill_cached_tokens=cached, num_failovers=failovers)
+
+    results = [probe(0), probe(64), probe(0), RequestResult(0, 0.0, 1.0, Outcome.COMPLETED, prefill_cached_tokens=192),
+               probe(192, failovers=1),                 # may have reused its own first try's KV: not judged
+               probe(0, Outcome.FAILED_CLEAR)]         # not completed: not judged
+    assert cross_tenant_hits(results) == (3, 1)
