@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from gateway.auth import cache_salt_of
 from gateway.disagg import DisaggCosts, DisaggPolicy
 from gateway.pool import WorkerPool
-from gateway.request_run import RequestRun, RunState
+from gateway.request_run import MeshRequest, RequestRun
 from gateway.routing import RoutePolicy
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.config import GatewaySettings
@@ -69,26 +69,23 @@ class MeshGenerator:
                         timeout_s: float | None, span):
         info = await self._pool.any_info()
         prompt_token_ids = await self._prompt_token_ids(request, info)
-        state = RunState(request_id, prompt_token_ids, request.sampling, cache_salt_of(tenant, request.cache_salt))
-        run = RequestRun(self._pool, self._policy, self.disagg, state, self._deadline(timeout_s),
+        mesh_request = MeshRequest(request_id, prompt_token_ids, request.sampling,
+                                   cache_salt_of(tenant, request.cache_salt))
+        run = RequestRun(self._pool, self._policy, self.disagg, mesh_request, self._deadline(timeout_s),
                          self._settings.max_attempts, self._settings.first_token_from == "prefill",
                          layerwise=self._settings.kv_flow == "layerwise")
         span.set_attributes({"pdmesh.route.policy": self._policy.name, "pdmesh.prompt_tokens": len(prompt_token_ids),
                              "pdmesh.tenant": tenant})
         timer = TokenTimer(self._metrics)
-        async for chunk in run.chunks():
-            timer.on_chunk(len(chunk.token_ids))
-            yield response_of(request_id, chunk, state)
-        decision = state.decision
+        async for response in run.responses():
+            timer.on_chunk(len(response.token_ids))
+            yield response
+        decision = run.state.decision
         self._metrics.disagg_decisions.labels("gateway", "local" if decision.local else "remote",
                                               decision.reason).inc()
-        span.set_attributes({"pdmesh.route.prefill": state.prefill.address if state.prefill else "",
-                             "pdmesh.route.decode": state.decode.address if state.decode else "",
-                             **decision.span_attributes(),
-                             "pdmesh.failovers": state.num_failovers,
-                             "pdmesh.completion_tokens": len(state.generated), **timer.span_attributes()})
+        span.set_attributes({**run.span_attributes(), **timer.span_attributes()})
         logger.info("request finished: %d prompt + %d completion tokens, %d failovers", len(prompt_token_ids),
-                    len(state.generated), state.num_failovers)
+                    len(run.state.generated), run.state.num_failovers)
 
     def _deadline(self, timeout_s: float | None) -> float:
         limit = self._settings.request_timeout_s if timeout_s is None else min(timeout_s,
@@ -116,35 +113,3 @@ class MeshGenerator:
         limit = self._settings.max_tokens_limit
         if limit is not None and max_tokens > limit:
             raise InvalidRequest(f"max_tokens {max_tokens} is above this gateway's limit of {limit}")
-
-
-def response_of(request_id: str, chunk: worker_pb2.DecodeResponse, state: RunState) -> generate_pb2.GenerateResponse:
-    response = generate_pb2.GenerateResponse(request_id=request_id, token_ids=chunk.token_ids, text=chunk.text)
-    if not chunk.finish_reason:
-        return response
-    num_prompt, num_completion = len(state.prompt_token_ids), len(state.generated)
-    response.finish_reason = chunk.finish_reason
-    response.usage.prompt_tokens = num_prompt
-    response.usage.completion_tokens = num_completion
-    response.usage.total_tokens = num_prompt + num_completion
-    response.usage.cached_prompt_tokens = (state.first_prefill.num_cached_tokens if state.first_prefill
-                                           else chunk.num_cached_tokens)
-    transfer = response.transfer
-    transfer.prefill_computed_tokens = state.prefill_computed_tokens
-    transfer.prefill_cached_tokens = state.prefill_cached_tokens
-    transfer.prefill_store_tokens.update(state.prefill_store_tokens)
-    transfer.num_blocks = chunk.kv_blocks_received
-    transfer.num_bytes = chunk.kv_bytes_received
-    transfer.seconds = chunk.kv_seconds
-    transfer.first_block_seconds = chunk.kv_first_block_seconds
-    transfer.num_cached_tokens = chunk.num_cached_tokens
-    transfer.prefill_worker = state.prefill.address if state.prefill else ""
-    transfer.decode_worker = state.decode.address if state.decode else ""
-    transfer.num_failovers = state.num_failovers
-    transfer.resumed_at_token = state.resumed_at_token
-    transfer.local_prefill = bool(state.decision and state.decision.local)
-    transfer.layerwise = chunk.kv_layerwise
-    transfer.seconds_before_prefill_done = chunk.kv_seconds_before_prefill_done
-    transfer.seconds_after_prefill_done = chunk.kv_seconds_after_prefill_done
-    transfer.overlap_ratio = chunk.kv_overlap_ratio
-    return response

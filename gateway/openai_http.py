@@ -18,8 +18,9 @@ from aiohttp import web
 
 from gateway.auth import ApiKeyAuth
 from gateway.chat_template import ChatTemplate
-from gateway.openai_protocol import (ChatCompletionRequest, CompletionRequest, Reply, ReplyHeader,
-                                     chat_prompt_text, chat_to_generate, completion_to_generate, parse_request)
+from gateway.openai_protocol import (ChatCompletionRequest, CompletionRequest, chat_prompt_text, chat_to_generate,
+                                     completion_to_generate, parse_request)
+from gateway.openai_replies import ChatReply, CompletionReply, Reply, ReplyHeader
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.errors import InvalidRequest, PDMeshError, Unauthenticated
 from pdmesh.status_map import http_status_of
@@ -81,9 +82,8 @@ class OpenAIHttpServer:
         request_id = uuid.uuid4().hex
         default_max_tokens = await self._room_after(prompt_ids) if body.max_tokens is None else None
         generate = completion_to_generate(body, request_id, default_max_tokens, prompt_ids)
-        reply = Reply(await self._header(f"cmpl-{request_id}", body.model), chat=False,
-                      include_usage=body.include_usage, return_token_ids=body.return_token_ids,
-                      prompt_token_ids=prompt_ids)
+        reply = CompletionReply(await self._header(f"cmpl-{request_id}", body.model), body.include_usage,
+                                body.return_token_ids, prompt_ids)
         return await self._respond(request, generate, tenant, reply, bool(body.stream))
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -93,9 +93,8 @@ class OpenAIHttpServer:
         request_id = uuid.uuid4().hex
         default_max_tokens = await self._room_after(prompt_ids) if body.requested_max_tokens is None else None
         generate = chat_to_generate(body, request_id, prompt_ids, default_max_tokens)
-        reply = Reply(await self._header(f"chatcmpl-{request_id}", body.model), chat=True,
-                      include_usage=body.include_usage, return_token_ids=body.return_token_ids,
-                      prompt_token_ids=prompt_ids)
+        reply = ChatReply(await self._header(f"chatcmpl-{request_id}", body.model), body.include_usage,
+                          body.return_token_ids, prompt_ids)
         return await self._respond(request, generate, tenant, reply, bool(body.stream))
 
     async def _models(self, request: web.Request) -> web.Response:

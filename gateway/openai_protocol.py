@@ -1,9 +1,9 @@
-"""OpenAI request bodies (pydantic), their conversion to GenerateRequest, and the response bodies."""
+"""OpenAI request bodies (pydantic), one model per endpoint, and their conversion to GenerateRequest
+(the replies are in openai_replies.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -16,13 +16,6 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
 # The proto's integer widths, checked here so an overflow is a 400, not a failed conversion.
 Int32 = Annotated[int, Field(ge=-2**31, le=2**31 - 1)]
 Int64 = Annotated[int, Field(ge=-2**63, le=2**63 - 1)]
-
-FINISH_REASONS = {
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_ABORT: "abort",
-}
-
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -198,124 +191,3 @@ def _stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
-
-
-# ---- responses ----
-
-@dataclass(frozen=True)
-class ReplyHeader:
-    """What every body and chunk of one reply repeats."""
-    id: str          # "cmpl-<request_id>" or "chatcmpl-<request_id>"
-    model: str
-    created: int     # unix seconds
-
-    def fields(self, object_name: str) -> dict:
-        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
-
-
-def finish_reason_name(finish_reason: int) -> str | None:
-    return FINISH_REASONS.get(finish_reason)
-
-
-def usage_dict(usage: common_pb2.Usage) -> dict:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens}}
-
-
-def completion_body(header: ReplyHeader, text: str, finish_reason: int, usage: common_pb2.Usage,
-                    token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> dict:
-    """A whole /v1/completions reply; ids only when return_token_ids (prompt ids in the choice, as vLLM)."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason_name(finish_reason)}
-    return {**header.fields("text_completion"), "choices": [_with_ids(choice, token_ids, prompt_token_ids)],
-            "usage": usage_dict(usage)}
-
-
-def chat_body(header: ReplyHeader, text: str, finish_reason: int, usage: common_pb2.Usage,
-              token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> dict:
-    """A whole /v1/chat/completions reply; prompt ids at the top level (as vLLM)."""
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-              "finish_reason": finish_reason_name(finish_reason)}
-    body = {**header.fields("chat.completion"), "choices": [_with_ids(choice, token_ids)], "usage": usage_dict(usage)}
-    return _with_prompt_ids(body, prompt_token_ids)
-
-
-def completion_chunk(header: ReplyHeader, text: str, finish_reason: int, include_usage: bool,
-                     token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> dict:
-    """One streamed text_completion event; prompt ids (first chunk only) in the choice, as vLLM."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason_name(finish_reason)}
-    chunk = {**header.fields("text_completion"), "choices": [_with_ids(choice, token_ids, prompt_token_ids)]}
-    return _with_null_usage(chunk, include_usage)
-
-
-def chat_chunk(header: ReplyHeader, delta: dict, finish_reason: int, include_usage: bool,
-               token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> dict:
-    """One streamed chat.completion.chunk event; prompt ids (first chunk only) at the top level."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason_name(finish_reason)}
-    chunk = {**header.fields("chat.completion.chunk"), "choices": [_with_ids(choice, token_ids)]}
-    return _with_prompt_ids(_with_null_usage(chunk, include_usage), prompt_token_ids)
-
-
-def usage_chunk(header: ReplyHeader, object_name: Literal["text_completion", "chat.completion.chunk"],
-                usage: common_pb2.Usage) -> dict:
-    """The last event of a stream with stream_options.include_usage."""
-    return {**header.fields(object_name), "choices": [], "usage": usage_dict(usage)}
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One endpoint's reply to one request: the whole body, or the SSE events of a stream."""
-    header: ReplyHeader
-    chat: bool
-    include_usage: bool = False
-    return_token_ids: bool = False
-    prompt_token_ids: list[int] | None = None   # sent only with return_token_ids
-
-    def body(self, text: str, token_ids: list[int], finish_reason: int, usage: common_pb2.Usage) -> dict:
-        build = chat_body if self.chat else completion_body
-        return build(self.header, text, finish_reason, usage, *self._ids(token_ids, first=True))
-
-    def opening_events(self) -> list[dict]:
-        """Chat's first event: the assistant role with empty content (and the prompt ids)."""
-        if not self.chat:
-            return []
-        delta = {"role": "assistant", "content": ""}
-        return [chat_chunk(self.header, delta, 0, self.include_usage, prompt_token_ids=self._prompt_ids())]
-
-    def chunk_event(self, response: generate_pb2.GenerateResponse, first: bool) -> dict:
-        """The event of one generator response; completions put the prompt ids in the first one."""
-        token_ids, prompt_token_ids = self._ids(list(response.token_ids), first and not self.chat)
-        if self.chat:
-            return chat_chunk(self.header, {"content": response.text}, response.finish_reason, self.include_usage,
-                              token_ids)
-        return completion_chunk(self.header, response.text, response.finish_reason, self.include_usage,
-                                token_ids, prompt_token_ids)
-
-    def closing_events(self, usage: common_pb2.Usage) -> list[dict]:
-        if not self.include_usage:
-            return []
-        return [usage_chunk(self.header, "chat.completion.chunk" if self.chat else "text_completion", usage)]
-
-    def _ids(self, token_ids: list[int], first: bool) -> tuple[list[int] | None, list[int] | None]:
-        if not self.return_token_ids:
-            return None, None
-        return token_ids, self._prompt_ids() if first else None
-
-    def _prompt_ids(self) -> list[int] | None:
-        return self.prompt_token_ids if self.return_token_ids else None
-
-
-def _with_ids(choice: dict, token_ids: list[int] | None, prompt_token_ids: list[int] | None = None) -> dict:
-    if prompt_token_ids is not None:
-        choice["prompt_token_ids"] = prompt_token_ids
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
-
-
-def _with_prompt_ids(body: dict, prompt_token_ids: list[int] | None) -> dict:
-    return body if prompt_token_ids is None else {**body, "prompt_token_ids": prompt_token_ids}
-
-
-def _with_null_usage(chunk: dict, include_usage: bool) -> dict:
-    return {**chunk, "usage": None} if include_usage else chunk

@@ -34,7 +34,7 @@ from gateway.routing import RoutePolicy
 from pdmesh import errors
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.telemetry.grpc_client import client_span
-from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
 PREFILL_METHOD = "/pdmesh.v1.Prefill/Prefill"
@@ -52,14 +52,20 @@ class _Retry(Exception):
         self.error = error
 
 
-@dataclass
-class RunState:
-    """What the client asked and what it got so far, across attempts."""
+@dataclass(frozen=True)
+class MeshRequest:
+    """What the client asked, validated and tokenized (generation.py makes it, nothing changes it)."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling: common_pb2.SamplingParams
     cache_salt: str
+
+
+@dataclass
+class RunState:
+    """What the request got so far, across attempts: owned by its RequestRun."""
+
     generated: list[int] = field(default_factory=list)
     num_failovers: int = 0
     resumed_at_token: int = 0
@@ -79,12 +85,13 @@ class RunState:
 
 
 class RequestRun:
-    def __init__(self, pool: WorkerPool, policy: RoutePolicy, disagg: DisaggPolicy, state: RunState,
+    def __init__(self, pool: WorkerPool, policy: RoutePolicy, disagg: DisaggPolicy, request: MeshRequest,
                  deadline: float, max_attempts: int, stream_prefill_token: bool, layerwise: bool = False) -> None:
         self._pool = pool
         self._policy = policy
         self._disagg = disagg
-        self.state = state
+        self.request = request
+        self.state = RunState()
         self._deadline = deadline
         self._max_attempts = max_attempts
         self._layerwise = layerwise   # decode reads each layer while prefill computes the next
@@ -92,8 +99,55 @@ class RequestRun:
         self._excluded: set[str] = set()   # workers that failed this request
         self._prefilled_at = 0.0            # monotonic time the latest remote prefill answered
 
-    async def chunks(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
-        """The decode stream the client sees, across failovers."""
+    async def responses(self) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        """What the client sees, across failovers: the tokens, and on the last message the usage and
+        how the request's KV travelled."""
+        async for chunk in self._chunks():
+            yield self._response_of(chunk)
+
+    def span_attributes(self) -> dict:
+        """Where the request ran and what it took, once it ended."""
+        state = self.state
+        return {"pdmesh.route.prefill": state.prefill.address if state.prefill else "",
+                "pdmesh.route.decode": state.decode.address if state.decode else "",
+                **(state.decision.span_attributes() if state.decision else {}),
+                "pdmesh.failovers": state.num_failovers, "pdmesh.completion_tokens": len(state.generated)}
+
+    def _response_of(self, chunk: worker_pb2.DecodeResponse) -> generate_pb2.GenerateResponse:
+        state = self.state
+        response = generate_pb2.GenerateResponse(request_id=self.request.request_id, token_ids=chunk.token_ids,
+                                                 text=chunk.text)
+        if not chunk.finish_reason:
+            return response
+        num_prompt, num_completion = len(self.request.prompt_token_ids), len(state.generated)
+        response.finish_reason = chunk.finish_reason
+        response.usage.prompt_tokens = num_prompt
+        response.usage.completion_tokens = num_completion
+        response.usage.total_tokens = num_prompt + num_completion
+        response.usage.cached_prompt_tokens = (state.first_prefill.num_cached_tokens if state.first_prefill
+                                               else chunk.num_cached_tokens)
+        transfer = response.transfer
+        transfer.prefill_computed_tokens = state.prefill_computed_tokens
+        transfer.prefill_cached_tokens = state.prefill_cached_tokens
+        transfer.prefill_store_tokens.update(state.prefill_store_tokens)
+        transfer.num_blocks = chunk.kv_blocks_received
+        transfer.num_bytes = chunk.kv_bytes_received
+        transfer.seconds = chunk.kv_seconds
+        transfer.first_block_seconds = chunk.kv_first_block_seconds
+        transfer.num_cached_tokens = chunk.num_cached_tokens
+        transfer.prefill_worker = state.prefill.address if state.prefill else ""
+        transfer.decode_worker = state.decode.address if state.decode else ""
+        transfer.num_failovers = state.num_failovers
+        transfer.resumed_at_token = state.resumed_at_token
+        transfer.local_prefill = bool(state.decision and state.decision.local)
+        transfer.layerwise = chunk.kv_layerwise
+        transfer.seconds_before_prefill_done = chunk.kv_seconds_before_prefill_done
+        transfer.seconds_after_prefill_done = chunk.kv_seconds_after_prefill_done
+        transfer.overlap_ratio = chunk.kv_overlap_ratio
+        return response
+
+    async def _chunks(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """The decode stream, across failovers."""
         last_failure: errors.PDMeshError | None = None
         for attempt in range(1, self._max_attempts + 1):
             try:
@@ -101,7 +155,7 @@ class RequestRun:
                     yield chunk
                 return
             except _Retry as retry:
-                logger.warning("request %s: %s; retrying elsewhere after %d tokens", self.state.request_id,
+                logger.warning("request %s: %s; retrying elsewhere after %d tokens", self.request.request_id,
                                retry.error, len(self.state.generated))
                 last_failure = retry.error
                 self.state.num_failovers += 1
@@ -114,8 +168,8 @@ class RequestRun:
 
     async def _attempt(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
         state = self.state
-        prompt = [*state.prompt_token_ids, *state.generated]
-        num_left = state.sampling.max_tokens - len(state.generated)
+        prompt = [*self.request.prompt_token_ids, *state.generated]
+        num_left = self.request.sampling.max_tokens - len(state.generated)
         if num_left <= 0:  # the stream broke after the last token, before its finish
             yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
             return
@@ -151,20 +205,20 @@ class RequestRun:
                 yield chunk
         finally:
             if not finished:
-                logger.info("request %s: attempt ended early, releasing transfer %s", state.request_id,
+                logger.info("request %s: attempt ended early, releasing transfer %s", self.request.request_id,
                             prefilled.kv.transfer_id)
                 self._pool.release_kv_soon(prefill, prefilled.kv)   # decode may never have pulled it
 
     async def _pick_prefill(self, prompt: list[int]) -> Worker:
         workers = await self._pool.candidates("prefill", self._excluded)
-        return await self._policy.pick_prefill(workers, prompt, self.state.cache_salt)
+        return await self._policy.pick_prefill(workers, prompt, self.request.cache_salt)
 
     async def _prefill(self, prefill: Worker, prompt: list[int],
                        layerwise_transfer_id: str = "") -> worker_pb2.PrefillResponse:
-        sampling = self._sampling(len(prompt) - len(self.state.prompt_token_ids)) if self._stream_prefill_token \
+        sampling = self._sampling(len(prompt) - len(self.request.prompt_token_ids)) if self._stream_prefill_token \
             else None
         request = worker_pb2.PrefillRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
-                                            sampling=sampling, cache_salt=self.state.cache_salt,
+                                            sampling=sampling, cache_salt=self.request.cache_salt,
                                             layerwise_transfer_id=layerwise_transfer_id)
         costs = self._disagg.costs
         num_to_compute = len(prompt) - self.state.decision.prefill_cached_tokens  # as the policy estimated
@@ -194,8 +248,8 @@ class RequestRun:
         costs.queued_tokens[decode.address] += num_to_compute
         started, queued = time.monotonic(), True
         request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
-                                           sampling=self._sampling(len(prompt) - len(self.state.prompt_token_ids)),
-                                           cache_salt=self.state.cache_salt)
+                                           sampling=self._sampling(len(prompt) - len(self.request.prompt_token_ids)),
+                                           cache_salt=self.request.cache_salt)
         try:
             async for chunk in self._decode_call(decode, request):
                 if queued and chunk.token_ids:
@@ -211,7 +265,7 @@ class RequestRun:
                              prefilled: worker_pb2.PrefillResponse) -> AsyncIterator[worker_pb2.DecodeResponse]:
         """Decode's stream; with first_token_from=prefill, prefill's token first and decode continuing
         from prompt + that token (no last-token recompute on decode, first token before the KV moves)."""
-        sampling = self._sampling(len(prompt) - len(self.state.prompt_token_ids))
+        sampling = self._sampling(len(prompt) - len(self.request.prompt_token_ids))
         if self._stream_prefill_token:
             first = worker_pb2.DecodeResponse(token_ids=[prefilled.first_token_id], text=prefilled.first_text)
             if prefilled.finish_reason == common_pb2.FINISH_REASON_STOP or num_left == 1:
@@ -224,7 +278,7 @@ class RequestRun:
             sampling.max_tokens -= 1
         self.state.decode = decode
         request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt, sampling=sampling,
-                                           kv=prefilled.kv, cache_salt=self.state.cache_salt)
+                                           kv=prefilled.kv, cache_salt=self.request.cache_salt)
         handed_off = False
         async for chunk in self._decode_call(decode, request):
             if not handed_off and chunk.token_ids:
@@ -240,8 +294,8 @@ class RequestRun:
         handle = layerwise_handle(prefill, len(prompt))
         self.state.decode = decode
         request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
-                                           sampling=self._sampling(len(prompt) - len(self.state.prompt_token_ids)),
-                                           kv=handle, cache_salt=self.state.cache_salt)
+                                           sampling=self._sampling(len(prompt) - len(self.request.prompt_token_ids)),
+                                           kv=handle, cache_salt=self.request.cache_salt)
         prefilling = asyncio.ensure_future(self._prefill(prefill, prompt, handle.transfer_id))
         finished, handed_off = False, False
         try:
@@ -274,25 +328,25 @@ class RequestRun:
 
     def _sampling(self, num_generated: int) -> common_pb2.SamplingParams:
         sampling = common_pb2.SamplingParams()
-        sampling.CopyFrom(self.state.sampling)
+        sampling.CopyFrom(self.request.sampling)
         sampling.max_tokens -= num_generated
         return sampling
 
     def _attempt_id(self) -> str:
         """Engines need a fresh id per attempt (a failed one may still be known to a live worker)."""
         n = self.state.num_failovers
-        return self.state.request_id if n == 0 else f"{self.state.request_id}-retry{n}"
+        return self.request.request_id if n == 0 else f"{self.request.request_id}-retry{n}"
 
     def _time_left(self) -> float:
         left = self._deadline - asyncio.get_running_loop().time()
         if left <= 0:
-            raise errors.DeadlineExceeded(f"request {self.state.request_id} ran out of time")
+            raise errors.DeadlineExceeded(f"request {self.request.request_id} ran out of time")
         return left
 
     def _failure(self, exc: grpc.aio.AioRpcError, worker: Worker) -> Exception:
         """The error to raise: _Retry (another worker may do it) or the domain error."""
         if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return errors.DeadlineExceeded(f"request {self.state.request_id} ran out of time on {worker.address}")
+            return errors.DeadlineExceeded(f"request {self.request.request_id} ran out of time on {worker.address}")
         error = error_from_rpc_error(exc)
         if isinstance(error, errors.InternalError):  # the worker's own failure on this request: not retried
             return error
