@@ -47,9 +47,8 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {
             "kv_host": settings.kv_host,
-            "kv_advertise_host": settings.kv_host_for_peers,
             "kv_port": kv_port,
-            "kv_advertise_port": settings.kv_advertise_port or kv_port,
+            "kv_advertise_address": settings.kv_address_for_peers(kv_port),   # rank 0's; rank r adds r to the port
             "hold_timeout_s": settings.hold_timeout_s,
             "pull_timeout_s": settings.pull_timeout_s,
             "transport": settings.kv_transport_settings.model_dump(mode="json"),

@@ -3,7 +3,7 @@
 Loaded by vLLM through kv_transfer_config:
   {"kv_connector": "PDMeshConnector", "kv_connector_module_path": "pdmesh.connector.connector",
    "kv_role": "kv_producer" | "kv_consumer",
-   "kv_connector_extra_config": {"kv_host": ..., "kv_port": ..., "kv_advertise_host": ...,
+   "kv_connector_extra_config": {"kv_host": ..., "kv_port": ..., "kv_advertise_address": ...,
                                  "hold_timeout_s": ..., "pull_timeout_s": ..., "transport": KVTransportSettings}}
 Each role's logic lives in its own class; this class only routes vLLM's calls to them.
 """
@@ -55,13 +55,12 @@ class PDMeshConnector(KVConnectorBase_V1):
             store = None
         if role == KVConnectorRole.SCHEDULER:
             install_scheduler_stats()  # this runs in the engine core's process
-            advertise_host = str(extra.get("kv_advertise_host", kv_host))
+            advertise_host, advertise_port = _advertised(extra, kv_host, kv_port)
             local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
             auth = KVTransportSettings(**(extra.get("transport") or {})).auth
             lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s,
                                                    auth))
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
-            advertise_port = int(extra.get("kv_advertise_port") or kv_port)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{advertise_port}", lookup,
                                                  tp_size=tp_size)
         else:
@@ -72,14 +71,14 @@ class PDMeshConnector(KVConnectorBase_V1):
 
     def _make_worker(self, vllm_config, extra: dict, block_size: int, kv_host: str, kv_port: int,
                      store: StoreSettings | None) -> ConnectorWorker:
+        advertise_host, advertise_port = _advertised(extra, kv_host, kv_port)
         return ConnectorWorker(
             model=vllm_config.model_config.model, block_size=block_size,
             is_producer=self._kv_transfer_config.is_kv_producer, kv_host=kv_host, kv_port=kv_port,
             hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
             pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
             telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
-            store=store, kv_advertise_host=extra.get("kv_advertise_host"),
-            kv_advertise_port=int(extra.get("kv_advertise_port") or kv_port),
+            store=store, kv_advertise_host=advertise_host, kv_advertise_port=advertise_port,
             transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank(),
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             num_kv_heads=vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config))
@@ -154,3 +153,10 @@ def _tp_rank() -> int:
         return get_tensor_model_parallel_rank()
     except (AssertionError, ImportError, RuntimeError):
         return 0
+
+
+def _advertised(extra: dict, kv_host: str, kv_port: int) -> tuple[str, int]:
+    """The host and (rank 0's) port peers reach the KV port at (WorkerSettings.kv_address_for_peers:
+    a NAT's, a proxy's or a container's published address), else where it binds."""
+    host, port = str(extra.get("kv_advertise_address") or f"{kv_host}:{kv_port}").rsplit(":", 1)
+    return host, int(port)
