@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,8 @@ class LocalCluster:
     gateway_args: list[str] = field(default_factory=list)    # extra CLI flags for the gateway
     store_dir: Path | None = None   # each prefill worker's KV store keeps its NVMe tier in a folder under it
     static_workers: bool = True     # False: the gateway finds the workers in the registry only
+    # (worker name, address) -> the address the gateway is given for it (fault tests: a proxy in front)
+    gateway_dials: Callable[[str, str], str] | None = None
     startup_timeout_s: float = 300.0
     # The workers' shared secret on their KV ports (passed in the environment, not on the command line).
     mesh_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -171,8 +174,9 @@ class LocalCluster:
         args = ["--port", str(self.gateway_port), "--tokenizer", str(self.model_dir), *self.gateway_args,
                 *self.telemetry_args]
         if self.static_workers:
-            args += ["--prefill_workers", json.dumps(self.prefill_addresses),
-                     "--decode_workers", json.dumps(self.decode_addresses)]
+            dial = self.gateway_dials or (lambda name, address: address)
+            args += ["--prefill_workers", json.dumps([dial(self.worker_names[a], a) for a in self.prefill_addresses]),
+                     "--decode_workers", json.dumps([dial(self.worker_names[a], a) for a in self.decode_addresses])]
         return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None,

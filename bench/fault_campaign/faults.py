@@ -143,6 +143,38 @@ class ProxyFault(Fault):
         return Trial(at, victim, True, f"{_failed_blocks(mesh) - before} blocks failed their read or check, recomputed")
 
 
+class DropWorkerLink(Fault):
+    """Resets the gateway's connection to a busy worker (the proxy before its API port cuts the next
+    message it answers): every call on it fails at once, the gateway retries them elsewhere."""
+
+    def __init__(self, name: str, role: str, description: str, busy) -> None:
+        self.name, self.role, self.description = name, role, description
+        self._busy = busy
+
+    def inject(self, mesh: FaultMesh, index: int) -> Trial:
+        names = mesh.prefill_names if self.role == "prefill" else mesh.decode_names
+        preferred = names[index % len(names)]
+        busy = mesh.wait_for([preferred, *[n for n in names if n != preferred]], self._busy, BUSY_WAIT_S)
+        victim = busy or preferred
+        proxy = mesh.api_proxies[victim]
+        at = time.monotonic()
+        fired = proxy.arm("drop").wait(BUSY_WAIT_S)
+        proxy.disarm()
+        time.sleep(1)   # the gateway redials; the worker frees what the cut calls held
+        return Trial(at, victim, fired and busy is not None, "cut mid-call" if fired else "no answer passed")
+
+
+def drop_decode_stream() -> Fault:
+    return DropWorkerLink("drop_decode_stream", "decode", "reset the gateway's connection to a decode worker "
+                          "mid-stream (proxy)", lambda s: s.num_running_requests > 0)
+
+
+def drop_prefill_call() -> Fault:
+    # a prefill's calls last milliseconds: one holding KV for decode has just answered some, under load
+    return DropWorkerLink("drop_prefill_call", "prefill", "reset the gateway's connection to a prefill worker "
+                          "mid-call (proxy)", lambda s: s.num_held_transfers > 0)
+
+
 def drop_kv_connection() -> Fault:
     return ProxyFault("drop_kv_connection", "drop", "reset a KV connection mid-chunk (proxy)")
 
@@ -161,7 +193,7 @@ def _failed_blocks(mesh: FaultMesh) -> int:
 
 def all_faults() -> list[Fault]:
     return [kill_decode(), kill_prefill(), kill_store_node(), StopWorker(), RestartRedis(), FillDisk(),
-            drop_kv_connection(), flip_kv_bit()]
+            drop_kv_connection(), flip_kv_bit(), drop_decode_stream(), drop_prefill_call()]
 
 
 def _fill(path: Path) -> None:

@@ -1,7 +1,7 @@
 """The campaign's mesh: real Redis (the KV store's index), 2 prefill workers with tiered KV stores
 (each NVMe tier on a small tmpfs of its own, so a disk can be filled), 2 decode workers, a gateway,
-and a fault proxy in front of each prefill's KV port (decode's pulls and other stores' fetches go
-through it)."""
+a fault proxy in front of each prefill's KV port (decode's pulls and other stores' fetches go
+through it) and one in front of each worker's API port (the gateway's calls go through it)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ class FaultMesh:
         self.spec = spec
         self.redis = RedisServer(fresh_dir(spec.run_dir / "redis"), password=REDIS_PASSWORD)
         self.kv_proxies: dict[str, FaultProxy] = {}   # prefill name: the proxy in front of its KV port
+        self.api_proxies: dict[str, FaultProxy] = {}  # worker name: the proxy the gateway dials it through
         self.nvme_dirs: dict[str, Path] = {}          # prefill name: its NVMe tier's folder
         self.nvme_on_tmpfs = False
         self.cluster: LocalCluster | None = None
@@ -79,7 +80,8 @@ class FaultMesh:
                 prefill_args=self._store_args(), args_by_name=self._kv_args(),
                 gateway_args=["--route_policy", "round_robin", "--worker_cooldown_s", "1",
                               "--request_timeout_s", str(self.spec.request_timeout_s),
-                              "--api_keys", json.dumps(API_KEYS)])
+                              "--api_keys", json.dumps(API_KEYS)],
+                gateway_dials=self._through_api_proxy)
             self.cluster.start()
         except BaseException:
             self.__exit__()
@@ -89,7 +91,7 @@ class FaultMesh:
     def __exit__(self, *exc) -> None:
         if self.cluster is not None:
             self.cluster.stop()
-        for proxy in self.kv_proxies.values():
+        for proxy in [*self.kv_proxies.values(), *self.api_proxies.values()]:
             proxy.stop()
         for path in self.nvme_dirs.values():
             subprocess.run(["umount", str(path)], check=False, capture_output=True)
@@ -132,6 +134,11 @@ class FaultMesh:
             return _held(self.stats(name))
         except grpc.RpcError as error:   # a worker too busy to answer within the call's timeout
             return [f"no stats ({error.code().name})"]
+
+    def _through_api_proxy(self, name: str, address: str) -> str:
+        """The gateway dials each worker through a proxy that can cut any read (a token's message)."""
+        proxy = self.api_proxies[name] = FaultProxy(address, min_bytes=1).start()
+        return proxy.address
 
     def _worker_args(self) -> list[str]:
         # No engine prefix cache: every request moves its whole prompt's KV (pulls, store reads), so
