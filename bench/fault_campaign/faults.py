@@ -48,13 +48,11 @@ class KillWorker(Fault):
         self._busy, self._busy_state = busy, busy_state
 
     def inject(self, mesh: FaultMesh, index: int) -> Trial:
-        names = mesh.prefill_names if self.role == "prefill" else mesh.decode_names
-        preferred = names[index % len(names)]
-        victim = mesh.wait_for([preferred, *[n for n in names if n != preferred]], self._busy, BUSY_WAIT_S)
+        victim, busy = _busy_victim(mesh, self.role, index, self._busy)
         at = time.monotonic()
-        mesh.cluster.kill(victim or preferred)
+        mesh.cluster.kill(victim)
         time.sleep(KILLED_FOR_S)   # the survivors take the load
-        return Trial(at, victim or preferred, victim is not None, f"{self._busy_state}" if victim else "idle")
+        return Trial(at, victim, busy, self._busy_state if busy else "idle")
 
     def recover(self, mesh: FaultMesh, trial: Trial) -> None:
         mesh.cluster.restart(trial.victim)
@@ -152,16 +150,13 @@ class DropWorkerLink(Fault):
         self._busy = busy
 
     def inject(self, mesh: FaultMesh, index: int) -> Trial:
-        names = mesh.prefill_names if self.role == "prefill" else mesh.decode_names
-        preferred = names[index % len(names)]
-        busy = mesh.wait_for([preferred, *[n for n in names if n != preferred]], self._busy, BUSY_WAIT_S)
-        victim = busy or preferred
+        victim, busy = _busy_victim(mesh, self.role, index, self._busy)
         proxy = mesh.api_proxies[victim]
         at = time.monotonic()
         fired = proxy.arm("drop").wait(BUSY_WAIT_S)
         proxy.disarm()
         time.sleep(1)   # the gateway redials; the worker frees what the cut calls held
-        return Trial(at, victim, fired and busy is not None, "cut mid-call" if fired else "no answer passed")
+        return Trial(at, victim, fired and busy, "cut mid-call" if fired else "no answer passed")
 
 
 def drop_decode_stream() -> Fault:
@@ -189,6 +184,15 @@ def _failed_blocks(mesh: FaultMesh) -> int:
     prefills = [mesh.stats(name) for name in mesh.prefill_names]
     return (sum(s.kv_failed_blocks for s in decodes)
             + sum(s.kv_store_corrupt_blocks + s.kv_store_failed_blocks for s in prefills))
+
+
+def _busy_victim(mesh: FaultMesh, role: str, index: int, busy) -> tuple[str, bool]:
+    """The worker of `role` a trial hits: this trial's turn, or the first other found busy(stats)
+    within BUSY_WAIT_S; (the victim, whether it was busy)."""
+    names = mesh.prefill_names if role == "prefill" else mesh.decode_names
+    preferred = names[index % len(names)]
+    found = mesh.wait_for([preferred, *[n for n in names if n != preferred]], busy, BUSY_WAIT_S)
+    return found or preferred, found is not None
 
 
 def all_faults() -> list[Fault]:
