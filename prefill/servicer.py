@@ -15,6 +15,7 @@ from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
 from pdmesh.validation import check_prompt, check_sampling_values, check_transfer_id
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from prefill.used_transfer_ids import UsedTransferIds
 
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         self._info = info
         self._metrics = metrics
         self._background = BackgroundTasks()
+        self._used_transfer_ids = UsedTransferIds()
 
     @maps_domain_errors
     async def Prefill(self, request: worker_pb2.PrefillRequest, context) -> worker_pb2.PrefillResponse:
@@ -54,6 +56,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         sampling = request.sampling if request.HasField("sampling") else GREEDY
         check_sampling_values(sampling)   # max_tokens aside: prefill runs one token
         check_transfer_id(request.layerwise_transfer_id)
+        self._used_transfer_ids.claim(request.layerwise_transfer_id)
         params = prefill_params(request.request_id, inject_carrier(), request.layerwise_transfer_id)
         vllm_sampling = to_vllm_sampling(sampling, params, max_tokens=1)
         timer = TokenTimer(self._metrics)

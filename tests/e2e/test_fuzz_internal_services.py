@@ -17,30 +17,15 @@ from hypothesis import strategies as st
 from pdmesh.transport.mesh_auth import MESH_TOKEN_KEY
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import token_prompts
-from tests.e2e.test_fuzz_public_apis import CLIENT_CODES, FUZZ, SAMPLING
+from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TOKENS, TRANSFER_IDS, client_error,
+                               decode_runs_or_is_refused, kv_handles, peer_compats)
 
 pytestmark = pytest.mark.vllm
-TOKENS = st.lists(st.one_of(st.integers(0, 1100), st.integers(-2**31, 2**31 - 1)), max_size=120)
-TRANSFER_IDS = st.one_of(st.text(max_size=40), st.binary(max_size=24).map(bytes.hex))
-SMALL_SAMPLING = SAMPLING.map(lambda s: common_pb2.SamplingParams(
-    max_tokens=max(-3, min(s.max_tokens, 4)), temperature=s.temperature, top_p=s.top_p, stop=s.stop,
-    ignore_eos=s.ignore_eos, **({"seed": s.seed} if s.HasField("seed") else {})))
 
 
 @pytest.fixture(scope="module")
 def peer(cluster):
-    """The first prefill worker's compat (a peer's) and one of another model (a foreign peer's)."""
-    with grpc.insecure_channel(cluster.prefill_addresses[0]) as channel:
-        info = worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
-    foreign = common_pb2.CompatInfo()
-    foreign.CopyFrom(info.compat)
-    foreign.model_fingerprint = "another-model"
-    return info.compat, foreign
-
-
-def _client_error(error: grpc.RpcError, *extra: grpc.StatusCode) -> bool:
-    return error.code() in CLIENT_CODES | set(extra) and bool(error.details())
+    return peer_compats(cluster.prefill_addresses[0])
 
 
 def test_fuzzed_prefill_requests_are_run_or_refused(cluster):
@@ -57,7 +42,7 @@ def test_fuzzed_prefill_requests_are_run_or_refused(cluster):
             try:
                 response = stub.Prefill(request, timeout=60)
             except grpc.RpcError as error:
-                assert _client_error(error), error
+                assert client_error(error), error
                 return
             stub.Release(worker_pb2.ReleaseKVRequest(transfer_id=response.kv.transfer_id), timeout=10)
 
@@ -65,26 +50,14 @@ def test_fuzzed_prefill_requests_are_run_or_refused(cluster):
 
 
 def test_fuzzed_decode_requests_stream_or_are_refused(cluster, peer):
-    compat, foreign = peer
-    handles = st.builds(common_pb2.KVHandle, transfer_id=TRANSFER_IDS,
-                        kv_address=st.sampled_from([cluster.prefill_addresses_kv[0], "127.0.0.1:1", ""]),
-                        block_ids=st.lists(st.integers(-5, 10**6), max_size=8), num_tokens=st.integers(-5, 500),
-                        compat=st.sampled_from([compat, foreign, common_pb2.CompatInfo()]),
-                        tp_size=st.integers(-1, 3))
+    handles = kv_handles(cluster.prefill_addresses_kv[0], peer)
     with grpc.insecure_channel(cluster.decode_addresses[0]) as channel:
         stub = worker_pb2_grpc.DecodeStub(channel)
 
         @FUZZ
-        @given(tokens=st.one_of(TOKENS, st.sampled_from(token_prompts()[:6])), sampling=SMALL_SAMPLING,
-               kv=st.one_of(st.none(), handles))
+        @given(tokens=PROMPTS, sampling=SMALL_SAMPLING, kv=st.one_of(st.none(), handles))
         def check(tokens, sampling, kv):
-            request = worker_pb2.DecodeRequest(request_id=f"fuzz-{uuid.uuid4().hex}", prompt_token_ids=tokens,
-                                               sampling=sampling, kv=kv)
-            try:
-                for _ in stub.Decode(request, timeout=60):
-                    pass
-            except grpc.RpcError as error:
-                assert _client_error(error), (request, error)
+            decode_runs_or_is_refused(stub, tokens, sampling, kv)
 
         check()
 
@@ -123,7 +96,7 @@ def test_fuzzed_kv_port_calls_are_refused_without_the_token_and_answered_clearly
                     if refused is not None:
                         assert error.code() == refused, error
                     else:
-                        assert _client_error(error, grpc.StatusCode.PERMISSION_DENIED), (method, error)
+                        assert client_error(error, grpc.StatusCode.PERMISSION_DENIED), (method, error)
                 else:
                     assert refused is None, method
 

@@ -3,25 +3,36 @@ memory): decode reserves its blocks before prefill starts and reads each layer a
 so every failure finds both sides mid-way. The client cancelling, a prefill stopped past decode's
 timeout, a prefill SIGKILLed mid-prefill and a decode SIGKILLed mid-read: the client gets the
 monolithic tokens (or its cancellation), and no worker is left with a reservation, a pinned
-transfer or a block in use. The kill tests run last: the module keeps its cluster."""
+transfer or a block in use. Layer-wise Prefill and Decode calls fuzzed (bounded: a Decode whose
+KV never comes waits for decode's timeout), and a replayed transfer id refused. The kill tests run
+last: the module keeps its cluster."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import time
+import uuid
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
-from pdmesh.v1 import generate_pb2_grpc
+from pdmesh.v1 import generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import HOLD_TIMEOUT_S, MAX_TOKENS, in_process_gateway, kill_prompts, settled_stats, worker_stats
+from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TRANSFER_IDS, client_error, decode_runs_or_is_refused,
+                               kv_handles, peer_compats)
 
 pytestmark = pytest.mark.vllm
 SLOW_STEP_S = 1.0    # each prefill step of a "slow-" request: 2 steps of 256 tokens for these prompts
 PULL_TIMEOUT_S = 4.0  # decode gives a transfer up after this long without progress
+# A layer-wise Decode whose transfer never comes waits PULL_TIMEOUT_S: few examples
+LAYERWISE_FUZZ = settings(FUZZ, max_examples=10)
+MINTED_IDS = [secrets.token_urlsafe(18) for _ in range(3)]   # fuzzed requests reuse these: replays
 WORKER_ARGS = ["--hold_timeout_s", str(HOLD_TIMEOUT_S), "--pull_timeout_s", str(PULL_TIMEOUT_S),
                "--kv_faults.slow_prefill_request_prefix", "slow-", "--kv_faults.slow_step_s", str(SLOW_STEP_S)]
 
@@ -46,6 +57,67 @@ async def test_layerwise_tokens_equal_monolithic(layerwise_cluster, reference):
                                             make_request(prompt, max_tokens=MAX_TOKENS, request_id=f"plain-{i}"))
         assert token_ids == want[i]
         assert last.transfer.layerwise and last.transfer.num_blocks > 0
+
+
+async def test_a_layerwise_transfer_id_used_before_is_refused_by_prefill(layerwise_cluster):
+    """A replay would publish a second request's KV under a transfer the first one holds, and the
+    first's blocks would never be freed."""
+    transfer_id = secrets.token_urlsafe(18)
+    async with grpc.aio.insecure_channel(layerwise_cluster.prefill_addresses[0]) as channel:
+        stub = worker_pb2_grpc.PrefillStub(channel)
+        requests = [worker_pb2.PrefillRequest(request_id=f"replay-{n}", prompt_token_ids=_fresh_prompt(7)[:40],
+                                              layerwise_transfer_id=transfer_id) for n in range(2)]
+        first = await stub.Prefill(requests[0], timeout=60)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Prefill(requests[1], timeout=60)
+        finally:
+            await stub.Release(worker_pb2.ReleaseKVRequest(transfer_id=first.kv.transfer_id), timeout=10)
+    assert first.kv.transfer_id == transfer_id
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "already used" in refused.value.details()
+    await _idle(layerwise_cluster)
+
+
+def test_fuzzed_layerwise_prefill_requests_run_once_per_transfer_id_or_are_refused(layerwise_cluster):
+    accepted: list[str] = []
+    with grpc.insecure_channel(layerwise_cluster.prefill_addresses[0]) as channel:
+        stub = worker_pb2_grpc.PrefillStub(channel)
+
+        @LAYERWISE_FUZZ
+        @given(tokens=PROMPTS, transfer_id=st.one_of(TRANSFER_IDS, st.sampled_from(MINTED_IDS)))
+        def check(tokens, transfer_id):
+            request = worker_pb2.PrefillRequest(request_id=f"fuzz-{uuid.uuid4().hex}", prompt_token_ids=tokens,
+                                                layerwise_transfer_id=transfer_id)
+            try:
+                response = stub.Prefill(request, timeout=60)
+            except grpc.RpcError as error:
+                assert client_error(error), (request, error)
+                return
+            stub.Release(worker_pb2.ReleaseKVRequest(transfer_id=response.kv.transfer_id), timeout=10)
+            assert transfer_id not in accepted, "a transfer id was published twice"
+            accepted.append(transfer_id)
+
+        check()
+    asyncio.run(_idle(layerwise_cluster))
+
+
+def test_fuzzed_layerwise_decode_requests_stream_or_are_refused(layerwise_cluster):
+    """Decode reserves blocks for a layer-wise handle and waits for KV that, here, no prefill
+    computes: it gives the reservation up after its timeout and computes the prompt, or refuses the
+    handle. Nothing stays reserved."""
+    cluster = layerwise_cluster
+    handles = kv_handles(cluster.prefill_addresses_kv[0], peer_compats(cluster.prefill_addresses[0]),
+                         transfer_ids=st.one_of(TRANSFER_IDS, st.sampled_from(MINTED_IDS)), layerwise=True)
+    with grpc.insecure_channel(cluster.decode_addresses[0]) as channel:
+        stub = worker_pb2_grpc.DecodeStub(channel)
+
+        @LAYERWISE_FUZZ
+        @given(tokens=PROMPTS, sampling=SMALL_SAMPLING, kv=handles)
+        def check(tokens, sampling, kv):
+            decode_runs_or_is_refused(stub, tokens, sampling, kv)
+
+        check()
+    asyncio.run(_idle(cluster))
 
 
 async def test_client_cancelling_mid_prefill_frees_both_sides(layerwise_cluster, tiny_llama_dir):
