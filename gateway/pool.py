@@ -37,6 +37,7 @@ class Worker:
     record: WorkerRecord | None = None   # latest registry record (its load), if any
     in_flight: int = 0                   # this gateway's calls on it now
     down_until: float = 0.0              # skipped until then (monotonic) after a connection failure
+    probe: asyncio.Task | None = None    # asking a worker cooling down whether it is back, shared by waiters
 
     def queue(self) -> int:
         """Requests on it: this gateway's, or what it last reported if more (other gateways' too)."""
@@ -46,11 +47,13 @@ class Worker:
 
 class WorkerPool:
     def __init__(self, prefill_addresses: list[str], decode_addresses: list[str], tls: TlsSettings | None = None,
-                 info_timeout_s: float = 5.0, cooldown_s: float = 5.0, registry: RegistryWatcher | None = None) -> None:
+                 info_timeout_s: float = 5.0, cooldown_s: float = 5.0, wait_s: float = 0.0,
+                 registry: RegistryWatcher | None = None) -> None:
         self._tls = tls or TlsSettings()
         self._registry = registry
         self._info_timeout_s = info_timeout_s
         self._cooldown_s = cooldown_s
+        self._wait_s = wait_s   # how long a request waits for a worker of a role when none is up
         self._workers: dict[str, Worker] = {}
         self._background = BackgroundTasks()
         for role, addresses in (("prefill", prefill_addresses), ("decode", decode_addresses)):
@@ -73,13 +76,17 @@ class WorkerPool:
             self._background.spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
 
     async def candidates(self, role: str, exclude: set[str] = frozenset()) -> list[Worker]:
-        """Workers of `role` not cooling down, not excluded, whose info is known (asked now if not)."""
+        """Workers of `role` not cooling down, not excluded, whose info is known (asked now if not).
+        When none is, the workers cooling down are asked whether they are back (a restarted one
+        answers within a second), for up to wait_s, before the request fails."""
         if self._registry is not None:
             self.sync_registry(self._registry.snapshot())
         now = time.monotonic()
         workers = [w for w in self.workers(role) if w.down_until <= now and w.address not in exclude]
         ok = await asyncio.gather(*(self._ensure_info(w) for w in workers))
         found = [w for w, has_info in zip(workers, ok) if has_info]
+        if not found and self._wait_s > 0:
+            found = await self._first_back([w for w in self.workers(role) if w.address not in exclude])
         if not found:
             raise NoWorkerAvailable(f"no reachable {role} worker among {[w.address for w in self.workers(role)]}")
         return found
@@ -135,11 +142,47 @@ class WorkerPool:
 
     async def close(self) -> None:
         await self._background.wait(self._info_timeout_s)
+        probes = [w.probe for w in self._workers.values() if w.probe is not None]
+        for probe in probes:
+            probe.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
         await asyncio.gather(*(w.channel.close() for w in self._workers.values()))
 
     def _open(self, address: str, role: str, static: bool = False) -> Worker:
         channel = open_channel(address, self._tls)  # no interceptors: calls trace themselves (client_span)
         return Worker(address, role, channel, static=static)
+
+    async def _first_back(self, workers: list[Worker]) -> list[Worker]:
+        """The first of `workers` to answer a probe within wait_s (probes are shared: one per worker
+        however many requests wait); [] if none does."""
+        probes = {self._probe(w): w for w in workers}
+        pending = set(probes)
+        deadline = time.monotonic() + self._wait_s
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            back = [probes[probe] for probe in done if probe.result()]
+            if back or not done:
+                return back
+        return []
+
+    def _probe(self, worker: Worker) -> asyncio.Task:
+        if worker.probe is None or worker.probe.done():
+            worker.probe = asyncio.create_task(self._is_back(worker))
+        return worker.probe
+
+    async def _is_back(self, worker: Worker) -> bool:
+        """Asks a worker for its info, waiting for its channel to connect (up to wait_s): back if it
+        answers with its role; then it is up again."""
+        try:
+            info = await worker_pb2_grpc.WorkerInfoStub(worker.channel).GetInfo(
+                worker_pb2.GetInfoRequest(), timeout=self._wait_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError:
+            return False
+        if info.role != worker.role:
+            return False
+        worker.info, worker.down_until = info, 0.0
+        return True
 
     async def _ensure_info(self, worker: Worker) -> bool:
         if worker.info is not None:

@@ -31,7 +31,8 @@ class Gateway:
         self.http_address = ""
         self.registry = RegistryWatcher(settings.registry) if settings.registry.redis_url else None
         self.pool = WorkerPool(settings.prefill_workers, settings.decode_workers, settings.worker_tls,
-                               cooldown_s=settings.worker_cooldown_s, registry=self.registry)
+                               cooldown_s=settings.worker_cooldown_s, wait_s=settings.worker_wait_s,
+                               registry=self.registry)
         self._index = (PrefixIndex(settings.kv_index_redis_url, settings.kv_index_redis_password)
                        if settings.kv_index_redis_url else None)
         tokenizer = PromptTokenizer(settings.tokenizer)

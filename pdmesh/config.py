@@ -286,6 +286,9 @@ class GatewaySettings(_LayeredSettings):
     max_in_flight: int = 256
     max_attempts: int = 3               # tries per request across workers (failover), first included
     worker_cooldown_s: float = 5.0      # a worker that failed a call is skipped this long
+    # A request that finds no worker of a role up waits this long for one to come back (those cooling
+    # down are probed) before it fails UNAVAILABLE / 503: a restart is a delay, not an outage.
+    worker_wait_s: float = 10.0
     # API keys (gRPC `authorization: Bearer <key>` metadata, HTTP `Authorization: Bearer <key>`),
     # key -> tenant. Empty: no auth. Each tenant's prompts get their own cache salt, so no tenant
     # ever hits another's cached prefix.

@@ -36,6 +36,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.released: list[str] = []  # prefill: transfer ids the gateway released
         self.layerwise_prefill: FakeWorker | None = None  # decode: the prefill a layer-wise request waits on
         self.decode_status: tuple | None = None  # decode: aborts every call with these context.abort arguments
+        self.num_info_calls = 0
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
         add = worker_pb2_grpc.add_PrefillServicer_to_server if role == "prefill" \
@@ -43,6 +44,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         add(self, self.server.server)
 
     async def GetInfo(self, request, context):
+        self.num_info_calls += 1
         return self.info
 
     async def Prefill(self, request, context):

@@ -130,10 +130,10 @@ async def test_mismatched_worker_layouts_fail_precondition(tiny_llama_dir):
 
 async def test_unreachable_workers_are_unavailable(tiny_llama_dir):
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=["127.0.0.1:1"], decode_workers=["127.0.0.1:1"],
-                                      tokenizer=str(tiny_llama_dir)))
+                                      tokenizer=str(tiny_llama_dir), worker_wait_s=0.5))
     address = await gateway.start()
     try:
-        with pytest.raises(grpc.aio.AioRpcError) as info:
+        with pytest.raises(grpc.aio.AioRpcError) as info:   # after waiting 0.5 s for a worker to come back
             await generate(address, make_request("hi", max_tokens=1))
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "no reachable decode worker" in info.value.details()

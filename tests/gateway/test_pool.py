@@ -14,7 +14,7 @@ async def test_a_worker_restarted_on_its_address_is_used_again_within_a_second()
     the gateway would have no worker of that role at all. The mesh's channels retry within a second."""
     worker = FakeWorker("decode")
     address = await worker.server.start("127.0.0.1", 0)
-    pool = WorkerPool([], [address], cooldown_s=0.1)
+    pool = WorkerPool([], [address], cooldown_s=0.1)   # no waiting for a worker to come back: asked again each time
     try:
         assert [w.address for w in await pool.candidates("decode")] == [address]
         await worker.server.stop(0)
@@ -37,6 +37,48 @@ async def test_a_worker_restarted_on_its_address_is_used_again_within_a_second()
     finally:
         await pool.close()
         await worker.server.stop(0)
+
+
+async def test_a_request_finding_every_worker_down_waits_for_one_to_come_back():
+    """Its peer killed while a restarted worker still cools down (marked down when it died): the
+    request gets the restarted worker as soon as it answers, instead of failing at once."""
+    worker = FakeWorker("decode")
+    address = await worker.server.start("127.0.0.1", 0)
+    pool = WorkerPool([], [address], cooldown_s=60, wait_s=10)
+    try:
+        assert [w.address for w in await pool.candidates("decode")] == [address]
+        await worker.server.stop(0)
+        pool.mark_down(pool.workers("decode")[0])
+        waiting = [asyncio.create_task(pool.candidates("decode")) for _ in range(3)]
+        await asyncio.sleep(1.5)
+        assert not any(task.done() for task in waiting)
+        worker = FakeWorker("decode")
+        await worker.server.start("127.0.0.1", int(address.rsplit(":", 1)[1]))
+        back_at = time.monotonic()
+        found = await asyncio.gather(*waiting)
+        assert time.monotonic() - back_at < 1.5
+        assert [[w.address for w in workers] for workers in found] == [[address]] * 3
+        assert worker.num_info_calls == 1   # one probe shared by the waiting requests
+        assert [w.address for w in await pool.candidates("decode")] == [address]   # up again, not cooling down
+    finally:
+        await pool.close()
+        await worker.server.stop(0)
+
+
+async def test_a_request_fails_unavailable_when_no_worker_comes_back_within_the_wait():
+    worker = FakeWorker("prefill")
+    address = await worker.server.start("127.0.0.1", 0)
+    await worker.server.stop(0)
+    pool = WorkerPool([address], [], cooldown_s=60, wait_s=0.5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(NoWorkerAvailable, match="no reachable prefill worker"):
+            await pool.candidates("prefill")
+        assert 0.5 <= time.monotonic() - started < 1.5
+        with pytest.raises(NoWorkerAvailable):   # excluded workers are not waited for
+            await pool.candidates("prefill", exclude={address})
+    finally:
+        await pool.close()
 
 
 def test_pairing_skips_decodes_marked_down_since_they_were_listed():
