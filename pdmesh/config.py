@@ -30,9 +30,6 @@ class EngineSettings(BaseModel):
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     seed: int = 0
-    # The engine processes' malloc. "tcmalloc": preloaded where installed (libtcmalloc-minimal4), as
-    # vLLM's CPU backend asks for; glibc's per-thread arenas fragmented under the KV server's threads.
-    allocator: Literal["tcmalloc", "system"] = "tcmalloc"
     # vLLM's attention backend by name; None: vLLM's choice. On CPUs with AMX vLLM picks AMX_MLA for MLA
     # models, which needs bf16 weights: CPU_MLA runs them in float32.
     attention_backend: str | None = None

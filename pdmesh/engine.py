@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes.util
 import os
 import socket
 from typing import Any
@@ -18,20 +17,6 @@ def apply_cpu_env(engine: EngineSettings) -> None:
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(engine.kv_cache_space_gib)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine.omp_threads_bind
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    if engine.allocator == "tcmalloc":
-        preload_tcmalloc()
-
-
-def preload_tcmalloc(environ: dict[str, str] = os.environ) -> str | None:
-    """Puts tcmalloc first in LD_PRELOAD for the engine processes vLLM spawns (its CPU backend
-    preloads the copy its wheels bundle; the PyPI CPU wheel has none): the library preloaded, or
-    None where it is not installed or already there."""
-    preloaded = environ.get("LD_PRELOAD", "")
-    library = ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
-    if library is None or "libtcmalloc" in preloaded:
-        return None
-    environ["LD_PRELOAD"] = f"{library}:{preloaded}" if preloaded else library
-    return library
 
 
 def free_port(host: str, count: int = 1) -> int:

@@ -6,7 +6,6 @@ cd "$(dirname "$0")/.."
 venv="${1:-.venv}"
 # System packages, installed with apt-get when root, otherwise named in the error:
 # - Mooncake Transfer Engine's wheel links libibverbs, libnuma and libcurl (even when it moves KV over TCP);
-# - libtcmalloc-minimal4: the engine processes' malloc, preloaded as vLLM's CPU backend asks (EngineSettings.allocator);
 # - redis-server: the worker registry's and KV store's index (the demo with --redis-url; the tests start
 #   their own on loopback ports);
 # - docker-compose: the tests validate deploy/'s compose files with it (no container engine needed);
@@ -15,7 +14,7 @@ venv="${1:-.venv}"
 #   deploy/docker-compose.yml (no Docker engine or image registry needed).
 need=()
 have="$( (command -v ldconfig >/dev/null && ldconfig -p || /sbin/ldconfig -p) 2>/dev/null || true)"
-for pair in libibverbs.so.1:libibverbs1 libnuma.so.1:libnuma1 libcurl.so.4:libcurl4 libtcmalloc_minimal.so.4:libtcmalloc-minimal4; do
+for pair in libibverbs.so.1:libibverbs1 libnuma.so.1:libnuma1 libcurl.so.4:libcurl4; do
   grep -q "${pair%%:*}" <<<"$have" || need+=("${pair#*:}")
 done
 command -v redis-server >/dev/null || need+=(redis-server)
