@@ -172,7 +172,7 @@ def _ranks(model_dir, tp_size: int, shape, transport: str = "auto", num_kv_heads
     """A producer's tensor-parallel ranks on kv ports P, P + 1, ...; rank r's KV is r + 1 + noise."""
     from pdmesh.engine import free_port
 
-    base, workers = free_port("127.0.0.1"), []
+    base, workers = free_port("127.0.0.1", tp_size), []   # P .. P + tp_size - 1 free
     for rank in range(tp_size):
         worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=True, kv_host="127.0.0.1",
                                  kv_port=base, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(),
