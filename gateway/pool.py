@@ -174,12 +174,8 @@ class WorkerPool:
     async def _is_back(self, worker: Worker) -> bool:
         """Asks a worker for its info, waiting for its channel to connect (up to wait_s): back if it
         answers with its role; then it is up again."""
-        try:
-            info = await worker_pb2_grpc.WorkerInfoStub(worker.channel).GetInfo(
-                worker_pb2.GetInfoRequest(), timeout=self._wait_s, wait_for_ready=True)
-        except grpc.aio.AioRpcError:
-            return False
-        if info.role != worker.role:
+        info = await self._ask_info(worker, self._wait_s, wait_for_ready=True)
+        if info is None:
             return False
         worker.info, worker.down_until = info, 0.0
         return True
@@ -187,14 +183,20 @@ class WorkerPool:
     async def _ensure_info(self, worker: Worker) -> bool:
         if worker.info is not None:
             return True
-        try:
-            stub = worker_pb2_grpc.WorkerInfoStub(worker.channel)
-            info = await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=self._info_timeout_s)
-        except grpc.aio.AioRpcError:
-            self.mark_down(worker)
-            return False
-        if info.role != worker.role:
+        info = await self._ask_info(worker, self._info_timeout_s)
+        if info is None:
             self.mark_down(worker)
             return False
         worker.info = info
         return True
+
+    @staticmethod
+    async def _ask_info(worker: Worker, timeout_s: float,
+                        wait_for_ready: bool = False) -> worker_pb2.WorkerInfoResponse | None:
+        """The worker's info, or None if the call failed or it answers as another role."""
+        try:
+            info = await worker_pb2_grpc.WorkerInfoStub(worker.channel).GetInfo(
+                worker_pb2.GetInfoRequest(), timeout=timeout_s, wait_for_ready=wait_for_ready)
+        except grpc.aio.AioRpcError:
+            return None
+        return info if info.role == worker.role else None

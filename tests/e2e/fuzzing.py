@@ -68,3 +68,15 @@ def decode_runs_or_is_refused(stub: worker_pb2_grpc.DecodeStub, tokens: list[int
             pass
     except grpc.RpcError as error:
         assert client_error(error), (request, error)
+
+
+def prefill_runs_or_is_refused(stub: worker_pb2_grpc.PrefillStub,
+                               request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse | None:
+    """A fuzzed Prefill answers (its transfer released again) or fails with a client error (None)."""
+    try:
+        response = stub.Prefill(request, timeout=60)
+    except grpc.RpcError as error:
+        assert client_error(error), (request, error)
+        return None
+    stub.Release(worker_pb2.ReleaseKVRequest(transfer_id=response.kv.transfer_id), timeout=10)
+    return response

@@ -18,7 +18,7 @@ from pdmesh.transport.mesh_auth import MESH_TOKEN_KEY
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TOKENS, TRANSFER_IDS, client_error,
-                               decode_runs_or_is_refused, kv_handles, peer_compats)
+                               decode_runs_or_is_refused, kv_handles, peer_compats, prefill_runs_or_is_refused)
 
 pytestmark = pytest.mark.vllm
 
@@ -39,12 +39,7 @@ def test_fuzzed_prefill_requests_are_run_or_refused(cluster):
                                                 cache_salt=salt)
             if sampling is not None:
                 request.sampling.CopyFrom(sampling)
-            try:
-                response = stub.Prefill(request, timeout=60)
-            except grpc.RpcError as error:
-                assert client_error(error), error
-                return
-            stub.Release(worker_pb2.ReleaseKVRequest(transfer_id=response.kv.transfer_id), timeout=10)
+            prefill_runs_or_is_refused(stub, request)
 
         check()
 
