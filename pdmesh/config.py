@@ -33,6 +33,11 @@ class EngineSettings(BaseModel):
     # vLLM's attention backend by name; None: vLLM's choice. On CPUs with AMX vLLM picks AMX_MLA for MLA
     # models, which needs bf16 weights: CPU_MLA runs them in float32.
     attention_backend: str | None = None
+    # oneDNN's process-wide primitive cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY; oneDNN's default: 1024
+    # primitives). vLLM's CPU GEMMs keep their own cache of 32 shapes per layer, so the global one only
+    # adds memory: a primitive per new batch shape, ~265 MiB of a prefill engine's heap within 90 s of
+    # varied prompt lengths, at no speed gain here (bench/REPORT.md, Soak).
+    onednn_primitive_cache_capacity: int = 0
 
 
 class TelemetrySettings(BaseModel):

@@ -17,6 +17,7 @@ def apply_cpu_env(engine: EngineSettings) -> None:
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(engine.kv_cache_space_gib)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine.omp_threads_bind
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(engine.onednn_primitive_cache_capacity)
 
 
 def free_port(host: str, count: int = 1) -> int:
