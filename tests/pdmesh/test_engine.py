@@ -1,9 +1,17 @@
 """The connector's config as the worker hands it to vLLM: the KV address peers dial is resolved
-once (WorkerSettings.kv_address_for_peers), and the connector reads that same address."""
+once (WorkerSettings.kv_address_for_peers), and the connector reads that same address. The
+environment the engine processes inherit."""
+
+import os
+
+import pytest
 
 from pdmesh.config import WorkerSettings
 from pdmesh.connector.connector import _advertised
-from pdmesh.engine import kv_transfer_config
+from pdmesh.engine import apply_cpu_env, kv_transfer_config
+
+ENGINE_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+              "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 
 def _extra(*flags: str, kv_port: int = 7001) -> dict:
@@ -20,3 +28,21 @@ def test_an_advertised_host_and_port_replace_the_bound_ones():
     extra = _extra("--kv_host", "0.0.0.0", "--kv_advertise_host", "prefill", "--kv_advertise_port", "9000")
     assert extra["kv_advertise_address"] == "prefill:9000"
     assert _advertised(extra, extra["kv_host"], extra["kv_port"]) == ("prefill", 9000)
+
+
+@pytest.fixture
+def engine_env(monkeypatch):
+    """apply_cpu_env's variables, unset, and restored after the test."""
+    for name in ENGINE_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_engines_run_without_onednns_global_primitive_cache_by_default(engine_env):
+    apply_cpu_env(WorkerSettings.from_cli(["--role", "prefill"]).engine)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_the_onednn_cache_capacity_is_a_setting(engine_env):
+    apply_cpu_env(WorkerSettings.from_cli(["--role", "decode", "--engine.onednn_primitive_cache_capacity", "1024"]).engine)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
