@@ -2,7 +2,7 @@
 cache at oneDNN's default (1024) and off (pdmesh's default, EngineSettings.onednn_primitive_cache_capacity).
 
 Each setting runs one engine (vLLM's LLM, the workers' engine settings, no prefix caching) in a
-process group of its own, on the soak's 106 prompts (1 to 255 tokens) drawn at random in batches of
+process group of its own, on the soak's 106 prompts (1 to 500 tokens) drawn at random in batches of
 32 with max_tokens=1, for `--seconds`; the group's PSS (the script and the engine's processes) is
 sampled every `--sample-every-s`. The settings run one after the other in one invocation.
 
