@@ -52,6 +52,11 @@ def markdown(result: SoakResult) -> str:
     lines = [f"{result.requests} requests over {result.seconds / 60:.0f} min on {result.num_streams} streams; "
              f"outcomes {result.outcomes}", "", "| check | passed | start -> end |", "|---|---|---|"]
     lines += [f"| {c.name} | {'yes' if c.passed else 'NO'} | {c.detail} |" for c in result.checks]
+    lines += ["", f"Longest stretch with requests in flight and none ending: {result.longest_silence_s:.1f} s "
+              f"from {result.longest_silence_from}."]
+    if result.failures:
+        lines += ["", "| request id | outcome | detail | ended at |", "|---|---|---|---|"]
+        lines += [f"| {f.request_id} | {f.outcome} | {f.detail} | {f.ended_at} |" for f in result.failures]
     return "\n".join(lines) + "\n"
 
 

@@ -101,8 +101,9 @@ class StreamLoad:
 
     async def _request(self, stub: generate_pb2_grpc.GenerationStub, index: int, tenant: Tenant,
                        probe: bool) -> RequestResult:
+        request_id = uuid.uuid4().hex
         request = make_request(self.workload.prompts[index], max_tokens=self.workload.max_tokens,
-                               ignore_eos=True)
+                               request_id=request_id, ignore_eos=True)
         if tenant.salt_each_request:
             request.cache_salt = uuid.uuid4().hex
         tokens: list[int] = []
@@ -124,4 +125,5 @@ class StreamLoad:
             call.cancel()
         outcome, detail = classify(tokens, self.workload.expected[index], error, hung)
         return RequestResult(index, started, time.monotonic(), outcome, detail, probe=probe,
-                             prefill_cached_tokens=prefill_cached_tokens, num_failovers=num_failovers)
+                             prefill_cached_tokens=prefill_cached_tokens, num_failovers=num_failovers,
+                             request_id=request_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ class RequestResult:
     probe: bool = False       # sent by the load's tenant-isolation probe (load.py)
     prefill_cached_tokens: int = 0   # prompt tokens its prefill did not compute (prefix cache, KV store)
     num_failovers: int = 0
+    request_id: str = ""      # the id the load sent (the mesh's logs name it)
 
     def in_flight_at(self, moment_s: float) -> bool:
         return self.started_s <= moment_s <= self.ended_s
@@ -65,6 +67,18 @@ def cross_tenant_hits(results: list[RequestResult]) -> tuple[int, int]:
     probe is judged when it completed without a failover (a retry may reuse its own first try's KV)."""
     judged = [r for r in results if r.probe and r.outcome == Outcome.COMPLETED and not r.num_failovers]
     return len(judged), sum(1 for r in judged if r.prefill_cached_tokens > 0)
+
+
+def longest_silence(results: list[RequestResult]) -> tuple[float, float]:
+    """(seconds, monotonic start) of the longest stretch in which requests were in flight but none
+    ended: a stall of the mesh or of the machine. A pause of the load (nothing in flight) is none."""
+    ordered = sorted(results, key=lambda r: r.ended_s)
+    longest, earliest_start = (0.0, 0.0), math.inf   # earliest start among the requests ending later
+    for before, after in reversed(list(zip(ordered, ordered[1:]))):
+        earliest_start = min(earliest_start, after.started_s)
+        begin = max(before.ended_s, earliest_start)
+        longest = max(longest, (after.ended_s - begin, begin))
+    return longest
 
 
 def tally(results: list[RequestResult]) -> dict[str, int]:

@@ -11,11 +11,13 @@ from dataclasses import asdict, dataclass, field
 
 from bench.fault_campaign.load import Workload
 from bench.fault_campaign.mesh import FaultMesh
-from bench.fault_campaign.outcomes import Outcome, cross_tenant_hits, not_completed, tally
+from bench.fault_campaign.outcomes import (Outcome, RequestResult, cross_tenant_hits, longest_silence, not_completed,
+                                           tally)
 from bench.fault_campaign.resources import Sample, take_sample
 
 MEMORY_TOLERANCE = 0.05    # a process's PSS may end this much above the checkpoint after warm-up
 FD_SLACK = 4               # descriptors a process may hold beyond it (sockets being redialled)
+MAX_FAILURES_LISTED = 20   # requests not completed listed with their ids
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,15 @@ class Check:
     name: str
     passed: bool
     detail: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request that did not complete, as the logs of the mesh's processes can find it."""
+    request_id: str
+    outcome: str
+    detail: str
+    ended_at: str              # wall clock, as the processes' logs print it
 
 
 @dataclass
@@ -38,6 +49,9 @@ class SoakResult:
     leaks: list[str] = field(default_factory=list)
     probes_judged: int = 0       # tenant B's probe requests that completed in one try (load.py)
     cross_tenant_hits: int = 0   # of those, how many reused cached tokens: tenant A's KV
+    failures: list[Failure] = field(default_factory=list)   # the first few requests not completed
+    longest_silence_s: float = 0.0   # requests in flight, none ending: a stall of the mesh or the machine
+    longest_silence_from: str = ""   # when it began (wall clock, as the logs print it)
 
     @property
     def checks(self) -> list[Check]:
@@ -103,7 +117,19 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
     result.outcomes = tally(load.results)
     result.not_completed = not_completed(load.results)
     result.probes_judged, result.cross_tenant_hits = cross_tenant_hits(load.results)
+    result.failures = [_failure(r) for r in load.results if r.outcome != Outcome.COMPLETED][:MAX_FAILURES_LISTED]
+    silence_s, silence_from = longest_silence(load.results)
+    result.longest_silence_s, result.longest_silence_from = round(silence_s, 1), _wall_clock(silence_from)
     return result
+
+
+def _failure(result: RequestResult) -> Failure:
+    return Failure(result.request_id, result.outcome.value, result.detail, _wall_clock(result.ended_s))
+
+
+def _wall_clock(monotonic_s: float) -> str:
+    wall_s = time.time() - (time.monotonic() - monotonic_s)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall_s)) + f",{int(wall_s % 1 * 1000):03d}"
 
 
 def _quiet_sample(mesh: FaultMesh, started: float, num_requests_ended: int) -> tuple[Sample, list[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import time
 from collections.abc import Iterator
@@ -12,6 +13,9 @@ from opentelemetry import trace
 
 from pdmesh.status_map import grpc_status_of
 from pdmesh.telemetry.metrics import MeshMetrics
+from pdmesh.telemetry.tracing import current_request_id
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -22,8 +26,9 @@ def observe_request(metrics: MeshMetrics) -> Iterator[None]:
     status = "OK"
     try:
         yield
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:   # the caller cancelled or its connection dropped: its call is gone
         status = "CANCELLED"
+        logger.info("%s request %s cancelled by its caller", metrics.role, current_request_id() or "-")
         raise
     except Exception as exc:
         status = grpc_status_of(exc).name

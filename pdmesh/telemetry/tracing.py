@@ -75,6 +75,11 @@ def request_context(request_id: str) -> Iterator[None]:
         context.detach(token)
 
 
+def current_request_id() -> str:
+    """The request id request_context put in the current context's baggage ("" outside one)."""
+    return str(baggage.get_baggage(REQUEST_ID_KEY) or "")
+
+
 def inject_carrier() -> dict[str, str]:
     """Trace context + baggage of the current context as a plain dict (to cross a non-gRPC hop)."""
     carrier: dict[str, str] = {}

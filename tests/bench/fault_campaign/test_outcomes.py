@@ -1,7 +1,8 @@
 import grpc
 import pytest
 
-from bench.fault_campaign.outcomes import Outcome, RequestResult, classify, cross_tenant_hits, not_completed
+from bench.fault_campaign.outcomes import (Outcome, RequestResult, classify, cross_tenant_hits, longest_silence,
+                                           not_completed)
 
 
 class _Error(grpc.aio.AioRpcError):
@@ -40,3 +41,16 @@ def test_a_probe_that_reused_cached_tokens_in_one_try_is_a_cross_tenant_hit():
                probe(192, failovers=1),                 # may have reused its own first try's KV: not judged
                probe(0, Outcome.FAILED_CLEAR)]         # not completed: not judged
     assert cross_tenant_hits(results) == (3, 1)
+
+
+def _ran(started_s: float, ended_s: float) -> RequestResult:
+    return RequestResult(0, started_s, ended_s, Outcome.COMPLETED)
+
+
+def test_the_longest_silence_is_a_stall_with_requests_in_flight_not_a_pause_of_the_load():
+    results = [_ran(0.0, 1.0), _ran(0.5, 2.0), _ran(1.5, 9.0),   # 2 -> 9: 7 s with one in flight, none ending
+               _ran(9.0, 10.0),
+               _ran(30.0, 31.0), _ran(30.5, 32.0)]                # 10 -> 30: paused, nothing in flight
+    assert longest_silence(results) == (7.0, 2.0)
+    assert longest_silence([_ran(20.0, 21.0), _ran(0.0, 1.0)]) == (1.0, 20.0)   # order given does not matter
+    assert longest_silence([]) == (0.0, 0.0)

@@ -5,6 +5,7 @@ import pytest
 from pdmesh.errors import InvalidRequest
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
+from pdmesh.telemetry.tracing import request_context
 
 
 def _sample(metrics: MeshMetrics, name: str, **labels) -> float:
@@ -23,6 +24,15 @@ def test_requests_are_counted_by_final_status_and_leave_the_in_flight_gauge():
     assert _sample(metrics, "pdmesh_requests_total", status="INVALID_ARGUMENT") == 1
     assert _sample(metrics, "pdmesh_requests_total", status="CANCELLED") == 1
     assert _sample(metrics, "pdmesh_requests_in_flight") == 0
+
+
+def test_a_cancelled_request_is_logged_with_its_id(caplog):
+    """A caller that goes away leaves a line in the worker's log (nothing else would show it)."""
+    metrics = MeshMetrics("prefill")
+    with caplog.at_level("INFO", logger="pdmesh.telemetry.observe"), pytest.raises(asyncio.CancelledError), \
+            request_context("r-17"), observe_request(metrics):
+        raise asyncio.CancelledError
+    assert [r.getMessage() for r in caplog.records] == ["prefill request r-17 cancelled by its caller"]
 
 
 def test_token_timer_records_one_ttft_and_an_itl_per_later_chunk():
