@@ -97,14 +97,17 @@ def main() -> None:
     add_run_arguments(parser)
     parser.add_argument("--merge", action="store_true",
                         help="keep the report's rows of the faults not run now (a campaign run in parts)")
+    parser.add_argument("--add", action="store_true",
+                        help="as --merge, and add this run's trials to the report's rows of the faults run now "
+                             "(a fault's 100 trials run across sessions)")
     args = parser.parse_args()
     started = time.monotonic()
     out_dir = RESULTS_DIR if args.scratch else REPORT_DIR
-    earlier = earlier_rows(out_dir / "faults.json", args.kv_transport) if args.merge else {}
+    earlier = earlier_rows(out_dir / "faults.json", args.kv_transport) if args.merge or args.add else {}
     with tempfile.TemporaryDirectory(prefix="pdmesh-faults-") as run_dir:
         spec = MeshSpec(ensure_llama(DEFAULT_MODEL_DIR), Path(args.run_dir or run_dir), kv_transport=args.kv_transport)
         results = asyncio.run(run_campaign(spec, args.faults, args.trials, args.streams))
-    ran = {r.fault: r for r in results}
+    ran = {r.fault: earlier[r.fault].plus(r) if args.add and r.fault in earlier else r for r in results}
     results = [ran.get(name) or earlier[name] for name in names if name in ran or name in earlier]
     settings = {**vars(args), "seconds": round(time.monotonic() - started)}
     write_report(results, out_dir, settings)

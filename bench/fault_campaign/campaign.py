@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 
 from bench.fault_campaign.faults import Fault, Trial
 from bench.fault_campaign.load import Workload
@@ -14,6 +15,7 @@ from bench.fault_campaign.outcomes import GOOD, cross_tenant_hits, not_completed
 
 WARMUP_S = 2.0
 PAUSE_S = 1.0          # load between trials
+MAX_TRIAL_NOTES = 5
 
 
 @dataclass
@@ -31,7 +33,7 @@ class FaultResult:
     not_completed: dict[str, int] = field(default_factory=dict)   # the other outcomes' details: how many each
     trial_notes: list[str] = field(default_factory=list)
     streams: int = 0
-    run_at: str = ""             # UTC date and time the fault's trials started
+    run_at: str = ""             # UTC date and time the fault's trials started (each part's: plus)
     probes_judged: int = 0       # tenant B's probe requests that completed in one try (load.py)
     cross_tenant_hits: int = 0   # of those, how many reused cached tokens: tenant A's KV
 
@@ -51,6 +53,24 @@ class FaultResult:
 
     def as_json(self) -> dict:
         return {**asdict(self), "good_share": self.good_share, "meets_goal": self.meets_goal}
+
+    def plus(self, later: "FaultResult") -> "FaultResult":
+        """This row and a later run's row of the same fault as one (a long campaign run in parts)."""
+        if later.skipped or self.skipped:
+            return self if later.skipped else later
+        if later.fault != self.fault or later.streams != self.streams:
+            raise ValueError(f"cannot add {later.fault} on {later.streams} streams to {self.fault} on {self.streams}")
+        summed = {name: getattr(self, name) + getattr(later, name)
+                  for name in ("trials", "trials_hit", "requests", "requests_hit", "seconds", "probes_judged",
+                               "cross_tenant_hits", "leaks")}
+        return replace(later, **summed, outcomes=_added(self.outcomes, later.outcomes),
+                       not_completed=_added(self.not_completed, later.not_completed),
+                       trial_notes=(self.trial_notes + later.trial_notes)[:MAX_TRIAL_NOTES],
+                       run_at=f"{self.run_at} + {later.run_at}")
+
+
+def _added(counts: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    return dict(Counter(counts) + Counter(more))
 
 
 async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: int, num_streams: int = 16) -> FaultResult:
@@ -76,7 +96,7 @@ async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: i
     result.leaks = await asyncio.to_thread(mesh.leaks)
     result.seconds = time.monotonic() - started
     result.trials, result.trials_hit = len(done), sum(trial.hit for trial in done)
-    result.trial_notes = [f"{t.victim}: {t.note}" for t in done[:5]]
+    result.trial_notes = [f"{t.victim}: {t.note}" for t in done[:MAX_TRIAL_NOTES]]
     result.requests = len(load.results)
     result.requests_hit = sum(any(r.in_flight_at(t.at_s) for t in done) for r in load.results)
     result.outcomes = tally(load.results)

@@ -35,3 +35,26 @@ def test_rows_of_another_transport_are_not_merged(tmp_path):
         earlier_rows(tmp_path / "faults.json", "grpc")
     assert earlier_rows(tmp_path / "missing.json", "grpc") == {}
     assert json.loads((tmp_path / "faults.json").read_text())["faults"][0]["streams"] == 16
+
+
+def test_a_later_part_adds_its_trials_and_outcomes_to_the_row():
+    first = FaultResult("sigkill_prefill", "a fault", trials=40, trials_hit=38, requests=900, requests_hit=120,
+                        outcomes={"completed": 899, "failed_clear": 1}, leaks=[], seconds=2000.0, streams=16,
+                        not_completed={"failed_clear: UNAVAILABLE: down": 1}, trial_notes=["a", "b", "c"],
+                        run_at="2026-12-05 11:20", probes_judged=30)
+    later = FaultResult("sigkill_prefill", "a fault", trials=60, trials_hit=60, requests=1300, requests_hit=200,
+                        outcomes={"completed": 1298, "hung": 2}, leaks=["prefill-0: 1 held transfer"],
+                        seconds=3000.0, streams=16, not_completed={"hung: no end after 3 tokens": 2},
+                        trial_notes=["d", "e", "f"], run_at="2026-12-06 10:00", probes_judged=50, cross_tenant_hits=1)
+    both = first.plus(later)
+    assert (both.trials, both.trials_hit, both.requests, both.requests_hit) == (100, 98, 2200, 320)
+    assert both.outcomes == {"completed": 2197, "failed_clear": 1, "hung": 2}
+    assert both.not_completed == {"failed_clear: UNAVAILABLE: down": 1, "hung: no end after 3 tokens": 2}
+    assert both.leaks == ["prefill-0: 1 held transfer"] and not both.meets_goal
+    assert (both.seconds, both.probes_judged, both.cross_tenant_hits) == (5000.0, 80, 1)
+    assert both.trial_notes == ["a", "b", "c", "d", "e"]
+    assert both.run_at == "2026-12-05 11:20 + 2026-12-06 10:00"
+    skipped = FaultResult("sigkill_prefill", "a fault", skipped="no store node", streams=16)
+    assert first.plus(skipped) == first and skipped.plus(first) == first
+    with pytest.raises(ValueError, match="cannot add sigkill_decode"):
+        first.plus(FaultResult("sigkill_decode", "another", streams=16))
