@@ -32,6 +32,7 @@ from pdmesh.compat import fingerprint_seed
 from pdmesh.config import StoreSettings
 from pdmesh.connector.metadata import SendTask, StoreLoadTask
 from pdmesh.errors import BlockHashMismatch, Overloaded, PDMeshError, TransferNotFound
+from pdmesh.transport.grpc_kv_receiver import wait_briefly
 from pdmesh.transport.grpc_kv_server import ExtraService
 from pdmesh.transport.kv_links import KVLinks
 from pdmesh.transport.mesh_auth import MeshAuth
@@ -90,6 +91,7 @@ class StoreAgent:
         self.exports = StoreExports(self.store, pieces, settings.export_bytes, hold_s=2 * settings.fetch_timeout_s)
         self.servicer = KVStoreServicer(compat, self.store, self.index, self.exports)
         self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s, auth=auth)
+        self._fetch_timeout_s = settings.fetch_timeout_s
         self._links: KVLinks | None = None  # to other nodes' store exports (connect)
         self._lock = threading.Lock()
         self._buffers = threading.local()
@@ -176,7 +178,7 @@ class StoreAgent:
         paged cache (verified) by the transport agreed with it."""
         per_export = max(1, EXPORT_BATCH_NBYTES // self.store.block_nbytes)
         batches = [run[start:start + per_export] for start in range(0, len(run), per_export)]
-        pending = None
+        pending = released = None
         try:
             link = self._links.link(node)
             stats.transport = link.transport
@@ -188,12 +190,17 @@ class StoreAgent:
                 except Overloaded:
                     if not number:
                         raise
-                    pending = None  # asked ahead while the batch before held the node's slab: room now
+                    pending = None  # asked ahead while the batch before held the node's slab: room once released
+                    wait_briefly([released], min(self._fetch_timeout_s, max(0.0, deadline - time.perf_counter())))
                     transfer_id, num_held = self._client.export(node, keys[number])
                 pending = (self._client.export_soon(node, keys[number + 1])
                            if number + 1 < len(batches) and num_held == len(batch) else None)
                 if num_held:
-                    self._read_export(link, transfer_id, batch[:num_held], stats)
+                    try:
+                        self._read_export(link, transfer_id, batch[:num_held], stats)
+                    finally:
+                        released = self._links.control.release_soon(link.address, transfer_id)
+                        wait_briefly([released])
                 if num_held < len(batch):
                     raise TransferNotFound(f"{node} no longer holds block {batch[num_held][0].block_hash.hex()}")
                 self._check_budget(deadline)
@@ -214,25 +221,15 @@ class StoreAgent:
         except PDMeshError:
             return  # not exported: nothing to free
         if num_held:
-            self._release_export(node, transfer_id)
+            self._links.control.release_soon(node, transfer_id)
 
     def _read_export(self, link, transfer_id: str, batch: list[tuple[BlockKey, int]], stats: StoreLoadStats) -> None:
         reader = self._links.reader(link)
         num_before = 0
-        try:
-            for num_landed in reader.read_blocks(link, transfer_id, range(len(batch)),
-                                                 [local_id for _, local_id in batch],
-                                                 [key.block_hash for key, _ in batch]):
-                self._count(stats, REMOTE, self.store.block_nbytes, num_landed - num_before)
-                num_before = num_landed
-        finally:
-            self._release_export(link.address, transfer_id)
-
-    def _release_export(self, node: str, transfer_id: str) -> None:
-        try:
-            self._links.control.release(node, transfer_id)
-        except PDMeshError as exc:
-            logger.warning("store export %s: release failed (%s); freed at its deadline", transfer_id, exc)
+        for num_landed in reader.read_blocks(link, transfer_id, range(len(batch)), [local_id for _, local_id in batch],
+                                             [key.block_hash for key, _ in batch]):
+            self._count(stats, REMOTE, self.store.block_nbytes, num_landed - num_before)
+            num_before = num_landed
 
     def _load_buffer(self) -> np.ndarray:
         """This thread's reused batch buffer (fresh pages would cost a fault each, every load)."""

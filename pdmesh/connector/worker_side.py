@@ -32,11 +32,11 @@ from pdmesh.connector.store_agent import StoreAgent
 from pdmesh.connector.store_saver import StoreSaver
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
-from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, Incompatible, PDMeshError
+from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, Incompatible
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
 from pdmesh.transport.affinity import all_cores, widen_affinity
 from pdmesh.transport.grpc_kv_reader import GrpcKVReader
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
+from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver, wait_briefly
 from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.transport.kv_links import KVLinks
@@ -459,12 +459,7 @@ class ConnectorWorker:
         except ValueError:  # an address without a port: nothing was read
             return
         control = self._links_for(WHOLE).control
-        for address in addresses:
-            try:
-                control.release(address, task.transfer_id)
-            except PDMeshError as exc:
-                logger.warning("transfer %s: release failed (%s); producer frees it at its deadline",
-                               task.transfer_id, exc)
+        wait_briefly([control.release_soon(address, task.transfer_id) for address in addresses])
 
 
 class _LazyHashes:

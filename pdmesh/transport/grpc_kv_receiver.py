@@ -3,7 +3,10 @@ every transport) and the gRPC transport's streamed pull."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import grpc
 
@@ -14,6 +17,9 @@ from pdmesh.transport.kv_layout import LayerRegion
 from pdmesh.transport.kv_transport import PeerLink
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
+
+logger = logging.getLogger(__name__)
+RELEASE_WAIT_S = 1.0  # how long a transfer thread waits for a Release's answer before going on without it
 
 
 class GrpcKVReceiver:
@@ -87,6 +93,16 @@ class GrpcKVReceiver:
     def release(self, address: str, transfer_id: str) -> None:
         self._call(self._stub(address).Release, kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id))
 
+    def release_soon(self, address: str, transfer_id: str) -> grpc.Future:
+        """Sends the Release and returns without its answer (wait_briefly waits a moment for it): a
+        producer frees what is not released at its deadline anyway, and an unanswered Release once
+        held both of a worker's transfer threads for the whole timeout, and with them every load on
+        that worker (a 30 s stall in the soak). A failure is logged."""
+        future = self._stub(address).Release.future(kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id),
+                                                    timeout=self._timeout_s, metadata=self._metadata)
+        future.add_done_callback(lambda call: _log_if_failed(call, address, transfer_id))
+        return future
+
     def close(self) -> None:
         self._channels.close()
 
@@ -98,3 +114,22 @@ class GrpcKVReceiver:
 
     def _stub(self, address: str) -> kv_transfer_pb2_grpc.KVTransferStub:
         return kv_transfer_pb2_grpc.KVTransferStub(self._channels.get(address))
+
+
+def wait_briefly(releases: Iterable[grpc.Future | None], timeout_s: float = RELEASE_WAIT_S) -> None:
+    """Waits up to timeout_s in all for the answers of releases sent with release_soon (None: none
+    was sent), whatever they are (a failure was logged)."""
+    deadline = time.monotonic() + timeout_s
+    for release in releases:
+        if release is not None:
+            with contextlib.suppress(Exception):   # a timeout, or the failure already logged
+                release.result(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _log_if_failed(call: grpc.Future, address: str, transfer_id: str) -> None:
+    if call.cancelled():   # the channel closed (shutdown)
+        return
+    error = call.exception()
+    if error is not None:
+        logger.warning("transfer %s on %s: release failed (%s); freed at its deadline", transfer_id, address,
+                       error_from_rpc_error(error))

@@ -5,6 +5,9 @@ breaks part-way."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -106,6 +109,29 @@ def test_tokens_that_differ_from_the_producers_are_refused(pair):
     assert _same(consumer, producer, 1, 5)
     assert consumer.get_finished() == (None, {"d-1"})  # still reported: vLLM recomputes the rest
     assert producer.get_finished() == ({"p-1"}, None)  # and released
+
+
+def test_a_release_the_producer_does_not_answer_holds_the_transfer_thread_a_moment_only(pair, monkeypatch):
+    """The consumer reports the request received, then releases the producer's blocks; a Release
+    left unanswered (in a soak one was, for its whole 30 s timeout, on both transfer threads of a
+    worker) keeps the thread about a second, not until its timeout."""
+    producer, consumer, _ = pair
+    answer = threading.Event()
+    release = producer.held.release
+    monkeypatch.setattr(producer.held, "release", lambda transfer_id: answer.wait(30) and release(transfer_id))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS, engine_request_id="e-1")]))
+    started = time.monotonic()
+    try:
+        _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
+        assert time.monotonic() - started < 10   # the Release's timeout is 30 s
+        assert consumer.get_finished() == (None, {"d-1"})
+        assert producer.counters()["num_held_transfers"] == 1   # its release is still on its way
+    finally:
+        answer.set()
+    deadline = time.monotonic() + 5
+    while producer.counters()["num_held_transfers"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert producer.get_finished() == ({"e-1"}, None)
 
 
 def test_kv_altered_between_producer_and_consumer_is_caught_by_the_checksum(pair):
