@@ -90,9 +90,6 @@ class GrpcKVReceiver:
         except grpc.RpcError as exc:
             raise error_from_rpc_error(exc) from exc
 
-    def release(self, address: str, transfer_id: str) -> None:
-        self._call(self._stub(address).Release, kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id))
-
     def release_soon(self, address: str, transfer_id: str) -> grpc.Future:
         """Sends the Release and returns without its answer (wait_briefly waits a moment for it): a
         producer frees what is not released at its deadline anyway, and an unanswered Release once

@@ -229,7 +229,7 @@ def test_an_export_is_read_by_its_transfer_id_only_and_freed_at_its_deadline(pro
     control, address = b.store._links.control, a._server.address
     with pytest.raises(TransferNotFound):
         control.open(address, "guessed", [0], "grpc")
-    control.release(address, "guessed")
+    assert not control.release_soon(address, "guessed").result().released
     assert [bytes(block.payload) for block in control.pull(address, exported.transfer_id, [0, 1])] == [
         a.store.store.read(key)[0].tobytes() for key in _keys(a)]
     a.store.exports._hold_s = 0.0  # a reader that never releases
@@ -239,7 +239,7 @@ def test_an_export_is_read_by_its_transfer_id_only_and_freed_at_its_deadline(pro
     with pytest.raises(TransferNotFound, match="released or expired"):  # answered at once, not waited for
         control.open(address, expired.transfer_id, [0], "grpc")
     assert time.monotonic() - started < 0.15
-    control.release(address, exported.transfer_id)
+    assert control.release_soon(address, exported.transfer_id).result().released
 
 
 def _eventually(predicate, timeout_s: float = 5.0) -> bool:

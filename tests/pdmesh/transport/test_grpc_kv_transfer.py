@@ -62,7 +62,7 @@ def test_pull_streams_the_asked_blocks_in_order_and_release_frees_them(server, r
     assert [b.block_index for b in blocks] == [2, 0]
     assert [b.block_hash for b in blocks] == [b"h9", b"h7"]
     assert bytes(blocks[0].payload) == bytes(_block(9)) and bytes(blocks[1].payload) == bytes(_block(7))
-    receiver.release(server.address, "t1")
+    assert receiver.release_soon(server.address, "t1").result().released
     assert held.take_finished() == {"t1"}
 
 
