@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 from bench.fault_campaign.faults import Fault, Trial
@@ -70,7 +69,8 @@ class FaultResult:
 
 
 def _added(counts: dict[str, int], more: dict[str, int]) -> dict[str, int]:
-    return dict(Counter(counts) + Counter(more))
+    """Both counts by key (keys counted 0 kept, as tally writes every outcome)."""
+    return {key: counts.get(key, 0) + more.get(key, 0) for key in {**counts, **more}}
 
 
 async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: int, num_streams: int = 16) -> FaultResult:

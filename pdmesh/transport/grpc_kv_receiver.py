@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -29,6 +30,8 @@ class GrpcKVReceiver:
         self._timeout_s = timeout_s
         self._metadata = auth.metadata()
         self._channels = ChannelCache(auth.tls)
+        self._lock = threading.Lock()
+        self._releases: set[grpc.Future] = set()   # sent with release_soon, not answered yet
 
     @property
     def block_nbytes(self) -> int:
@@ -90,6 +93,10 @@ class GrpcKVReceiver:
         except grpc.RpcError as exc:
             raise error_from_rpc_error(exc) from exc
 
+    def release(self, address: str, transfer_id: str) -> bool:
+        """The Release, waited for: whether the producer held the transfer."""
+        return self._call(self._stub(address).Release, kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id)).released
+
     def release_soon(self, address: str, transfer_id: str) -> grpc.Future:
         """Sends the Release and returns without its answer (wait_briefly waits a moment for it): a
         producer frees what is not released at its deadline anyway, and an unanswered Release once
@@ -97,8 +104,15 @@ class GrpcKVReceiver:
         that worker (a 30 s stall in the soak). A failure is logged."""
         future = self._stub(address).Release.future(kv_transfer_pb2.ReleaseRequest(transfer_id=transfer_id),
                                                     timeout=self._timeout_s, metadata=self._metadata)
-        future.add_done_callback(lambda call: _log_if_failed(call, address, transfer_id))
+        with self._lock:
+            self._releases.add(future)   # gRPC cancels a call whose future is garbage-collected
+        future.add_done_callback(lambda call: self._released(call, address, transfer_id))
         return future
+
+    def _released(self, call: grpc.Future, address: str, transfer_id: str) -> None:
+        with self._lock:
+            self._releases.discard(call)
+        _log_if_failed(call, address, transfer_id)
 
     def close(self) -> None:
         self._channels.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -43,12 +44,15 @@ def test_a_later_part_adds_its_trials_and_outcomes_to_the_row():
                         not_completed={"failed_clear: UNAVAILABLE: down": 1}, trial_notes=["a", "b", "c"],
                         run_at="2026-12-05 11:20", probes_judged=30)
     later = FaultResult("sigkill_prefill", "a fault", trials=60, trials_hit=60, requests=1300, requests_hit=200,
-                        outcomes={"completed": 1298, "hung": 2}, leaks=["prefill-0: 1 held transfer"],
+                        outcomes={"completed": 1298, "failed_clear": 0, "hung": 2},
+                        leaks=["prefill-0: 1 held transfer"],
                         seconds=3000.0, streams=16, not_completed={"hung: no end after 3 tokens": 2},
                         trial_notes=["d", "e", "f"], run_at="2026-12-06 10:00", probes_judged=50, cross_tenant_hits=1)
     both = first.plus(later)
     assert (both.trials, both.trials_hit, both.requests, both.requests_hit) == (100, 98, 2200, 320)
     assert both.outcomes == {"completed": 2197, "failed_clear": 1, "hung": 2}
+    assert first.plus(replace(later, outcomes={"completed": 5, "hung": 0})).outcomes == {
+        "completed": 904, "failed_clear": 1, "hung": 0}   # a count of 0 is kept
     assert both.not_completed == {"failed_clear: UNAVAILABLE: down": 1, "hung: no end after 3 tokens": 2}
     assert both.leaks == ["prefill-0: 1 held transfer"] and not both.meets_goal
     assert (both.seconds, both.probes_judged, both.cross_tenant_hits) == (5000.0, 80, 1)
