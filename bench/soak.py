@@ -1,9 +1,10 @@
-"""Soak: the fault campaign's mesh (Redis, 2 prefill workers with KV stores, 2 decode, a gateway)
-under a 64-stream load for 30 minutes, no faults. The workload's prompts outnumber what the KV
-stores hold, so blocks are saved, evicted and their index keys dropped all along. Every process's
-memory and descriptors, every worker's KV blocks, transfers and pinned blocks, and Redis's keys are
-sampled; after a warm-up and at the end, with the load paused, the two quiet checkpoints must match
-and every request must have completed with monolithic vLLM's tokens.
+"""Soak: the fault campaign's mesh (Redis, 2 prefill workers with KV stores, 2 decode, a gateway;
+not its fault proxies) under a 64-stream load for 30 minutes, no faults. The workload's prompts
+outnumber what the KV stores hold, so blocks are saved, evicted and their index keys dropped all
+along. Every process's memory and descriptors, every worker's KV blocks, transfers and pinned
+blocks, and Redis's keys are sampled; after a warm-up and at the end, with the load paused, the
+two quiet checkpoints must match and every request must have completed with monolithic vLLM's
+tokens.
 
 python -m bench.soak [--minutes 30 --streams 64]
 
@@ -37,9 +38,10 @@ SOAK_STORE_ARGS = ["--store.device_bytes", str(2 << 20), "--store.dram_bytes", s
 
 def soak_spec(model_dir: Path, run_dir: Path) -> MeshSpec:
     """The campaign's mesh with the workers' default timeouts (the campaign shortens them so that a
-    stopped peer is given up on within its trial)."""
+    stopped peer is given up on within its trial), its processes talking to each other directly (no
+    fault proxies: nothing is injected, and the load's own process should not carry the mesh's traffic)."""
     return MeshSpec(model_dir, run_dir, hold_timeout_s=60.0, pull_timeout_s=30.0, request_timeout_s=300.0,
-                    nvme_fs_bytes=48 << 20, store_args=SOAK_STORE_ARGS)
+                    nvme_fs_bytes=48 << 20, store_args=SOAK_STORE_ARGS, fault_proxies=False)
 
 
 async def soak(spec: MeshSpec, seconds: float, num_streams: int, sample_every_s: float) -> SoakResult:

@@ -1,7 +1,8 @@
 """The campaign's mesh: real Redis (the KV store's index), 2 prefill workers with tiered KV stores
 (each NVMe tier on a small tmpfs of its own, so a disk can be filled), 2 decode workers, a gateway,
 a fault proxy in front of each prefill's KV port (decode's pulls and other stores' fetches go
-through it) and one in front of each worker's API port (the gateway's calls go through it)."""
+through it) and one in front of each worker's API port (the gateway's calls go through it). Without
+faults to inject (the soak) the proxies are left out: the processes talk to each other directly."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class MeshSpec:
     pull_timeout_s: float = 4.0     # a stopped peer is given up on after this
     request_timeout_s: float = 60.0
     nvme_fs_bytes: int = 32 << 20   # each prefill's NVMe tmpfs
+    fault_proxies: bool = True      # the proxies the link faults need (every byte between processes crosses one)
     store_args: list[str] = field(default_factory=lambda: [
         "--store.device_bytes", str(2 << 20), "--store.dram_bytes", str(4 << 20),
         "--store.nvme_bytes", str(64 << 20), "--no-store.nvme_fsync"])
@@ -81,7 +83,7 @@ class FaultMesh:
                 gateway_args=["--route_policy", "round_robin", "--worker_cooldown_s", "1",
                               "--request_timeout_s", str(self.spec.request_timeout_s),
                               "--api_keys", json.dumps(API_KEYS)],
-                gateway_dials=self._through_api_proxy)
+                gateway_dials=self._through_api_proxy if self.spec.fault_proxies else None)
             self.cluster.start()
         except BaseException:
             self.__exit__()
@@ -151,16 +153,16 @@ class FaultMesh:
                 "--store.fetch_timeout_s", str(self.spec.pull_timeout_s)]
 
     def _kv_args(self) -> dict[str, list[str]]:
-        """Each prefill: a fixed KV port with a proxy in front that it advertises, an NVMe folder."""
+        """Each prefill: a fixed KV port (with a proxy in front that it advertises), an NVMe folder."""
         args = {}
         for name in self.prefill_names:
-            proxy = self.kv_proxies[name] = FaultProxy().start()
             kv_port = _port_outside_ephemeral_range()
-            proxy.target = f"127.0.0.1:{kv_port}"
             self.nvme_dirs[name] = nvme_dir = fresh_dir(self.spec.run_dir / f"nvme-{name}")
             self.nvme_on_tmpfs = _mount_tmpfs(nvme_dir, self.spec.nvme_fs_bytes)
-            args[name] = ["--kv_port", str(kv_port), "--kv_advertise_port", proxy.address.rsplit(":", 1)[1],
-                          "--store.nvme_dir", str(nvme_dir)]
+            args[name] = ["--kv_port", str(kv_port), "--store.nvme_dir", str(nvme_dir)]
+            if self.spec.fault_proxies:
+                proxy = self.kv_proxies[name] = FaultProxy(f"127.0.0.1:{kv_port}").start()
+                args[name] += ["--kv_advertise_port", proxy.address.rsplit(":", 1)[1]]
         return args
 
 
