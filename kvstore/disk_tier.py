@@ -13,10 +13,16 @@ block whose bytes were overwritten while its free record did not reach the disk 
 checksum when read, like any corrupt block. At start the journal is replayed up to its first torn
 record and rewritten with just the live blocks; it is rewritten again whenever it grows to
 twice the live records.
+
+A full disk (ENOSPC) loses cached blocks, never the tier: an append the disk had no room for is
+cut off again (a torn record would hide every later one at the next start), a rewrite with no room
+for its copy is skipped (at start the journal is kept as it is, cut after its last whole record),
+and a free record that does not fit is left out (see `free`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -85,6 +91,11 @@ class JournalEntry:
 def replay_journal(path: Path, block_nbytes: int, capacity_blocks: int) -> dict[int, JournalEntry]:
     """slot -> what it holds, oldest placement first, from the journal's records up to the first
     torn or foreign one. A key placed twice keeps its later slot."""
+    return _replay(path, block_nbytes, capacity_blocks)[0]
+
+
+def _replay(path: Path, block_nbytes: int, capacity_blocks: int) -> tuple[dict[int, JournalEntry], int]:
+    """replay_journal's slots, and the bytes of the journal's whole records (where the torn tail begins)."""
     data = path.read_bytes() if path.exists() else b""
     slots: dict[int, JournalEntry] = {}
     position = 0
@@ -105,7 +116,7 @@ def replay_journal(path: Path, block_nbytes: int, capacity_blocks: int) -> dict[
         if older is not None:
             del slots[older]
         slot_of[entry.key.block_hash] = slot
-    return slots
+    return slots, position
 
 
 def _parse_record(data: bytes, position: int) -> tuple[int, int, bytes, int] | None:
@@ -146,18 +157,19 @@ class DiskTier:
         self.capacity_blocks = capacity_bytes // block_nbytes
         self._block_nbytes = block_nbytes
         self._fsync = fsync
-        self.num_journal_errors = 0   # records the disk had no room for (see free)
+        self.num_journal_errors = 0   # records and rewrites the disk had no room for
         self._journal_path = self.directory / JOURNAL_NAME
         self._journal_lock = threading.Lock()
         self._remove_debris()
-        self._live = replay_journal(self._journal_path, block_nbytes, self.capacity_blocks)
+        self._live, whole_nbytes = _replay(self._journal_path, block_nbytes, self.capacity_blocks)
         self._live_nbytes = sum(len(entry.record) for entry in self._live.values())  # kept as records come and go
         self._recovered = list(self._live.items())
         self._slab_fd = os.open(self.directory / SLAB_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         os.ftruncate(self._slab_fd, self.capacity_blocks * block_nbytes)
         self._direct = _DirectWriter.open(self.directory / SLAB_NAME, block_nbytes)
         self._journal_fd = -1
-        self._rewrite_journal()
+        self._failed_rewrite_nbytes = 0   # the journal's size when a rewrite last found no room
+        self._open_journal(whole_nbytes)
         self._free_slots = FreeSlots("nvme", self.capacity_blocks, self._live)
 
     @property
@@ -185,7 +197,7 @@ class DiskTier:
         records = {slot: _record(_PLACE, slot, encode_header(key, self._block_nbytes, checksum))
                    for slot, key, checksum in zip(handles, keys, checksums)}
         with self._journal_lock:
-            _write_all(self._journal_fd, b"".join(records.values()))
+            self._append(b"".join(records.values()))
             if self._fsync:
                 os.fdatasync(self._journal_fd)
             for (slot, record), key, checksum in zip(records.items(), keys, checksums):
@@ -207,7 +219,7 @@ class DiskTier:
             freed = self._live.pop(handle, None)
             self._live_nbytes -= len(freed.record) if freed else 0
             try:
-                _write_all(self._journal_fd, _record(_FREE, handle))  # durable with the next commit
+                self._append(_record(_FREE, handle))  # durable with the next commit
             except OSError as exc:
                 self.num_journal_errors += 1
                 logger.warning("nvme: free record of slot %d not written: %s", handle, exc)
@@ -229,18 +241,52 @@ class DiskTier:
             self._direct = None
 
     # ---- journal upkeep ----
-    def _compact_if_grown(self) -> None:
-        if os.fstat(self._journal_fd).st_size > 2 * self._live_nbytes + _COMPACT_MIN_BYTES:
+    def _append(self, records: bytes) -> None:
+        """Appends whole records, or none: what a full disk took only part of is cut off again."""
+        nbytes_before = os.fstat(self._journal_fd).st_size
+        try:
+            _write_all(self._journal_fd, records)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._journal_fd, nbytes_before)
+            raise
+
+    def _open_journal(self, whole_nbytes: int) -> None:
+        """At start: the journal rewritten with the live blocks only; where the disk has no room for
+        that copy, the journal as it is, cut after its last whole record (a cut needs no room)."""
+        try:
             self._rewrite_journal()
+        except OSError as exc:
+            self.num_journal_errors += 1
+            logger.warning("nvme: journal not rewritten at start (%s); appending to it as it is", exc)
+            self._journal_fd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.ftruncate(self._journal_fd, whole_nbytes)
+
+    def _compact_if_grown(self) -> None:
+        nbytes = os.fstat(self._journal_fd).st_size
+        if nbytes <= max(2 * self._live_nbytes, self._failed_rewrite_nbytes) + _COMPACT_MIN_BYTES:
+            return
+        try:
+            self._rewrite_journal()
+            self._failed_rewrite_nbytes = 0
+        except OSError as exc:  # no room for the copy: tried again once the journal grew some more
+            self._failed_rewrite_nbytes = nbytes
+            self.num_journal_errors += 1
+            logger.warning("nvme: journal not rewritten (%s); still appending to it", exc)
 
     def _rewrite_journal(self) -> None:
-        """Replaces the journal by the live blocks' place records (tmp, fsync, rename, dir fsync)."""
+        """Replaces the journal by the live blocks' place records (tmp, fsync, rename, dir fsync);
+        a copy the disk had no room for is removed again."""
         tmp = self.directory / f".tmp-{JOURNAL_NAME}"
-        with open(tmp, "wb") as file:
-            file.write(b"".join(entry.record for entry in self._live.values()))
-            if self._fsync:
-                file.flush()
-                os.fsync(file.fileno())
+        try:
+            with open(tmp, "wb") as file:
+                file.write(b"".join(entry.record for entry in self._live.values()))
+                if self._fsync:
+                    file.flush()
+                    os.fsync(file.fileno())
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self._journal_path)
         self._sync_directory()
         if self._journal_fd >= 0:

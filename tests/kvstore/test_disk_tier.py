@@ -1,4 +1,6 @@
+import contextlib
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -16,6 +18,34 @@ def _read(tier, handles):
     out = np.empty((len(handles), BLOCK_NBYTES), dtype=np.uint8)
     tier.read_many(handles, out)
     return [bytes(row) for row in out]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB file system of its own (tmpfs), to be filled."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    yield path
+    subprocess.run(["umount", "--lazy", str(path)], check=True)  # lazy: a failed test may hold a file open
+
+
+def _fill(directory):
+    """Writes a filler file until the disk has no room left (a file's last page keeps its slack)."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as file, contextlib.suppress(OSError):
+        while True:
+            file.write(bytes(4096))
+    return filler
+
+
+def _recovered(directory, capacity_blocks):
+    tier = DiskTier(directory, capacity_blocks * BLOCK_NBYTES, BLOCK_NBYTES)
+    found = [(key, slot) for key, slot, _ in tier.recovered()]
+    tier.close()
+    return found
 
 
 def test_header_round_trips_and_a_flipped_bit_fails():
@@ -98,3 +128,50 @@ def test_page_sized_slots_are_written_with_o_direct_and_read_back_after_a_restar
     reopened.read_many([0, 1, 2], out)
     assert np.array_equal(out, rows)
     assert not DiskTier(tmp_path / "small", 4 * BLOCK_NBYTES, BLOCK_NBYTES).writes_direct
+
+
+def test_a_tier_whose_disk_is_full_opens_with_its_blocks_and_appends_after_its_last_whole_record(small_disk):
+    """The start's journal rewrite needs room for a copy; with none (ENOSPC) the worker used to fail to start."""
+    tier = DiskTier(small_disk, 16 * BLOCK_NBYTES, BLOCK_NBYTES)
+    k = keys(4)
+    tier.write_many(tier.allocate(3), k[:3], _rows(0, 3), [0, 1, 2])
+    tier.free(1)
+    tier.close()
+    with open(small_disk / JOURNAL_NAME, "ab") as journal:
+        journal.write(b"PDKJ\x01\x05\x00")  # a crash mid-append
+    filler = _fill(small_disk)
+    reopened = DiskTier(small_disk, 16 * BLOCK_NBYTES, BLOCK_NBYTES)
+    assert [(key, slot) for key, slot, _ in reopened.recovered()] == [(k[0], 0), (k[2], 2)]
+    assert _read(reopened, [0, 2]) == [payload(0), payload(2)]
+    assert reopened.num_journal_errors == 1
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", JOURNAL_NAME, "slab.bin"]
+    filler.unlink()
+    reopened.write_many(reopened.allocate(1), k[3:], _rows(3, 1), [3])  # appended after the torn tail was cut
+    reopened.close()
+    assert _recovered(small_disk, 16) == [(k[0], 0), (k[2], 2), (k[3], 1)]
+
+
+def test_on_a_full_disk_a_rewrite_is_skipped_and_an_append_that_only_part_fits_is_cut_off(small_disk, monkeypatch):
+    monkeypatch.setattr(disk_tier, "_COMPACT_MIN_BYTES", 0)
+    tier = DiskTier(small_disk, 64 * BLOCK_NBYTES, BLOCK_NBYTES)
+    k = keys(64)
+    slots = tier.allocate(10)
+    tier.write_many(slots, k[:10], _rows(0, 10), list(range(10)))
+    filler = _fill(small_disk)
+    for slot in slots[1:]:
+        tier.free(slot)   # free records fit the journal's last page
+    slot = tier.allocate(1)
+    tier.write_many(slot, k[10:11], _rows(10, 1), [10])  # grown past twice the live: a rewrite, no room
+    assert tier.num_journal_errors == 1 and not (small_disk / f".tmp-{JOURNAL_NAME}").exists()
+    assert _read(tier, slot) == [payload(10)]
+    journal_nbytes = (small_disk / JOURNAL_NAME).stat().st_size
+    record_nbytes = len(disk_tier._record(1, 0, encode_header(k[0], BLOCK_NBYTES, 0)))
+    num_more = (-journal_nbytes % 4096) // record_nbytes + 2   # more records than the last page has room for
+    with pytest.raises(OSError):
+        tier.write_many(tier.allocate(num_more), k[11:11 + num_more], _rows(11, num_more), [0] * num_more)
+    assert (small_disk / JOURNAL_NAME).stat().st_size == journal_nbytes
+    filler.unlink()
+    last = k[11 + num_more]
+    tier.write_many(tier.allocate(1), [last], _rows(0, 1), [0])
+    tier.close()
+    assert [key for key, _ in _recovered(small_disk, 64)] == [k[0], k[10], last]
