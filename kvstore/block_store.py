@@ -2,9 +2,9 @@
 
 Placement: a new block goes to the first tier; when a tier is full, its least recently used
 block that nobody is reading moves one tier down (from the last tier it is dropped); a hit in a
-lower tier promotes the block to the first tier. Lookups touch a prefix's blocks from its tail
-to its head, so within one prefix the tail is older and is demoted first: a prefix loses its
-end before its start, and what stays is still a usable prefix.
+lower tier promotes the block to the first tier. Lookups, puts and reads touch a prefix's blocks
+from its tail to its head, so within one prefix the tail is older and is demoted first: a prefix
+loses its end before its start, and what stays is still a usable prefix.
 
 Batches: `put_many` and `read_prefix` move n blocks with one copy per tier (a gather or scatter
 over a slab, a vectored write and one fsync on disk), and demotions triggered by one call move
@@ -169,6 +169,7 @@ class TieredBlockStore:
             num_admitted = self._admit(0, entries, new_rows, work)
             if num_admitted < len(new):
                 num_held = min(num_held, new[num_admitted])
+            self._touch_tail_first(keys[:num_held])
         self._finish(work)
         return num_held
 
@@ -209,6 +210,7 @@ class TieredBlockStore:
             tiers = [self._tiers[tier].name for tier, _, _ in placed[:num_good]]
             self.hits.update(tiers)
             self._promote(entries[:num_good], rows[:num_good], work)
+            self._touch_tail_first([entry.key for entry in entries[:num_good]])
         self._finish(work)
         return rows[:num_good], tiers
 
@@ -305,6 +307,13 @@ class TieredBlockStore:
                 self._place(old_tier, [entry], row[None], work)
             else:
                 self._forget(entry, work.events)
+
+    def _touch_tail_first(self, keys: Sequence[BlockKey]) -> None:
+        """Makes a prefix's held blocks the most recently used, its head the most recent of all."""
+        for key in reversed(keys):
+            entry = self._entries.get(key.block_hash)
+            if entry is not None and entry.key == key and key.block_hash in self._lru[entry.tier]:
+                self._lru[entry.tier].move_to_end(key.block_hash)
 
     def _place(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
         """Puts blocks (room made) into `tier`: written now in memory, after the lock on disk."""

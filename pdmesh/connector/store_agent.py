@@ -122,6 +122,11 @@ class StoreAgent:
         keys = keys_of(send.block_hashes, send.token_ids, self._block_size)  # hashed once, when the send arrived
         return [(key, block_id) for key, block_id in zip(keys, send.block_ids) if not self.store.has(key)]
 
+    def touch_prompt(self, send: SendTask) -> None:
+        """After a prompt's save: its blocks the most recently used, its head last of all (a prefix
+        loses its end before its start; the save touched the blocks it found head first)."""
+        self.store.longest_prefix(keys_of(send.block_hashes, send.token_ids, self._block_size))
+
     def put_rows(self, keys: list[BlockKey], rows) -> int:
         """Puts row i of `rows` (a (n, block_nbytes) uint8 tensor) under keys[i], as one batch;
         returns how many leading blocks the store holds (out of space: the rest is not saved)."""

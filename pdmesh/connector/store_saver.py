@@ -90,6 +90,7 @@ class StoreSaver:
         try:
             with tracer().start_as_current_span("kvstore.save") as span:
                 num_saved = self._store.put_rows(keys, rows)
+                self._store.touch_prompt(send)
                 span.set_attributes({"pdmesh.kvstore.blocks_saved": num_saved,
                                      "pdmesh.kvstore.bytes_saved": num_saved * self._paged.block_nbytes})
         except Exception:  # noqa: BLE001 - a failed save loses a cache entry, never the request

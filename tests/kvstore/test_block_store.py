@@ -50,6 +50,21 @@ def test_a_lookup_touches_tails_first_so_a_prefix_loses_its_end_before_its_start
     assert store.blocks_in("dram") == [other[0].block_hash, prefix[1].block_hash, prefix[0].block_hash]
 
 
+def test_a_put_and_a_read_touch_tails_first_too():
+    """A prefix saved or read in one batch keeps its head longest (the head in the newest place)."""
+    prefix, other = keys(3), keys(2, first_token=1000)
+    saved = TieredBlockStore([host_tier(3 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
+    saved.put_many(prefix, _rows(0, 3))
+    saved.put(other[0], payload(9))  # evicts the prefix's tail, not its head
+    assert saved.longest_prefix(prefix) == 2
+    read = TieredBlockStore([host_tier(3 * BLOCK_NBYTES, BLOCK_NBYTES)], BLOCK_NBYTES)
+    for i in (2, 1, 0):
+        read.put(prefix[i], payload(i))
+    assert len(read.read_prefix(prefix)[1]) == 3
+    read.put(other[0], payload(9))
+    assert read.longest_prefix(prefix) == 2
+
+
 def test_a_hit_in_a_lower_tier_is_verified_and_promoted(tmp_path):
     store = three_tier_store(tmp_path)
     k = keys(6)
@@ -150,7 +165,7 @@ def test_put_many_and_read_prefix_move_a_batch_and_stop_at_the_first_gap(tmp_pat
     assert store.put_many(k[:4], _rows(0, 4)) == 4
     assert store.put_many(k[2:6], _rows(2, 4)) == 4  # two held already, two new: device's LRU two move down
     h = [key.block_hash for key in k]
-    assert _layout(store) == {"device": [h[2], h[3], h[4], h[5]], "dram": [h[0], h[1]], "nvme": []}
+    assert _layout(store) == {"device": [h[5], h[4], h[3], h[2]], "dram": [h[1], h[0]], "nvme": []}  # tails oldest
     store.clear()
     store.put_many(k[:3], _rows(0, 3))
     store.spill("nvme")
@@ -158,7 +173,7 @@ def test_put_many_and_read_prefix_move_a_batch_and_stop_at_the_first_gap(tmp_pat
     rows, tiers = store.read_prefix(k)
     assert (tiers, [bytes(row) for row in rows]) == (["nvme"] * 3, [payload(i) for i in range(3)])
     assert store.hits == {"nvme": 3}
-    assert _layout(store)["device"] == [h[4], h[0], h[1], h[2]]  # hits promoted together
+    assert _layout(store)["device"] == [h[4], h[2], h[1], h[0]]  # hits promoted together, tail first
 
 
 def test_put_many_stops_when_every_slot_is_pinned():

@@ -120,6 +120,15 @@ def test_a_finished_prompt_is_copied_out_once_and_unpinned_before_the_store_writ
     assert not torch.equal(a.caches["l0"][0], a.caches["l0"][5])  # the store kept the copy, not the reused block
 
 
+def test_a_saved_prompt_keeps_its_head_longest_though_only_its_tail_was_new(producers):
+    a, _ = producers
+    a.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-0", [5], TOKENS[:BLOCK_SIZE])]))
+    assert a.saver.flush(timeout_s=10)
+    _save(a, [5, 2, 7])   # block 0 held already: only block 1 is written
+    head, tail = (key.block_hash for key in block_keys(fingerprint_seed(a.compat), TOKENS, BLOCK_SIZE))
+    assert a.store.store.blocks_in("dram") == [tail, head]   # least recently used first: the tail goes first
+
+
 def test_saves_past_the_queue_limit_are_skipped_and_counted_and_never_wait(model_dir, tmp_path, no_thread_leak):
     worker = _producer(model_dir, StoreSettings(device_bytes=0, dram_bytes=8 * BLOCK_NBYTES, nvme_bytes=0,
                                                 save_queue_bytes=3 * BLOCK_NBYTES))
