@@ -125,7 +125,7 @@ def test_a_saved_prompt_keeps_its_head_longest_though_only_its_tail_was_new(prod
     a.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-0", [5], TOKENS[:BLOCK_SIZE])]))
     assert a.saver.flush(timeout_s=10)
     _save(a, [5, 2, 7])   # block 0 held already: only block 1 is written
-    head, tail = (key.block_hash for key in block_keys(fingerprint_seed(a.compat), TOKENS, BLOCK_SIZE))
+    head, tail = (key.block_hash for key in _keys(a))
     assert a.store.store.blocks_in("dram") == [tail, head]   # least recently used first: the tail goes first
 
 
@@ -175,7 +175,7 @@ def test_a_bit_flipped_on_nvme_fails_that_block_and_keeps_the_prefix(producers, 
     a, _ = producers
     _save(a, [5, 2, 7])
     assert a.store.store.spill("nvme") == 2
-    path, offset = find_block(tmp_path / "a", a.store.store.blocks_in("nvme")[1], a.store.store.block_nbytes)
+    path, offset = find_block(tmp_path / "a", _keys(a)[1].block_hash, a.store.store.block_nbytes)  # the prompt's tail
     flip_bit(path, offset + 100, 0x01)
     assert _load(a, ["", ""], [0, 1])["tokens_by_tier"] == {"nvme": 32}
     assert a.take_failed_block_ids() == {1}
