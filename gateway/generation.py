@@ -46,6 +46,11 @@ class MeshGenerator:
     async def max_model_len(self) -> int:
         return (await self._pool.any_info()).max_model_len
 
+    @property
+    def max_tokens_limit(self) -> int | None:
+        """The most tokens a request may ask for here (None: the context bounds them)."""
+        return self._settings.max_tokens_limit
+
     async def stream(self, request: generate_pb2.GenerateRequest, tenant: str,
                      timeout_s: float | None = None) -> AsyncIterator[generate_pb2.GenerateResponse]:
         """The response chunks of one request; Overloaded at once when max_in_flight are running."""

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from gateway.auth import ApiKeyAuth
 from gateway.chat_template import ChatTemplate
-from gateway.openai_protocol import (ChatCompletionRequest, CompletionRequest, chat_prompt_text, chat_to_generate,
-                                     completion_to_generate, parse_request)
+from gateway.openai_protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
+                                     chat_prompt_text, chat_to_generate, completion_to_generate, parse_request)
 from gateway.openai_replies import ChatReply, CompletionReply, Reply, ReplyHeader
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.errors import InvalidRequest, PDMeshError, Unauthenticated
@@ -40,6 +40,9 @@ class GenerationSource(Protocol):
     async def list_models(self) -> generate_pb2.ListModelsResponse: ...
 
     async def max_model_len(self) -> int: ...
+
+    @property
+    def max_tokens_limit(self) -> int | None: ...
 
 
 class OpenAIHttpServer:
@@ -80,8 +83,8 @@ class OpenAIHttpServer:
         prompt_ids = await self._completion_prompt_ids(body) if body.return_token_ids or body.max_tokens is None \
             else None
         request_id = uuid.uuid4().hex
-        default_max_tokens = await self._room_after(prompt_ids) if body.max_tokens is None else None
-        generate = completion_to_generate(body, request_id, default_max_tokens, prompt_ids)
+        generate = completion_to_generate(body, request_id, await self._completion_max_tokens(body, prompt_ids),
+                                          prompt_ids)
         reply = CompletionReply(await self._header(f"cmpl-{request_id}", body.model), body.include_usage,
                                 body.return_token_ids, prompt_ids)
         return await self._respond(request, generate, tenant, reply, bool(body.stream))
@@ -91,8 +94,8 @@ class OpenAIHttpServer:
         body = parse_request(ChatCompletionRequest, await _json_body(request))
         prompt_ids = await self._encode(chat_prompt_text(body, self._chat_template), add_special_tokens=False)
         request_id = uuid.uuid4().hex
-        default_max_tokens = await self._room_after(prompt_ids) if body.requested_max_tokens is None else None
-        generate = chat_to_generate(body, request_id, prompt_ids, default_max_tokens)
+        max_tokens = body.requested_max_tokens or self._within_limit(await self._room_after(prompt_ids))
+        generate = chat_to_generate(body, request_id, prompt_ids, max_tokens)
         reply = ChatReply(await self._header(f"chatcmpl-{request_id}", body.model), body.include_usage,
                           body.return_token_ids, prompt_ids)
         return await self._respond(request, generate, tenant, reply, bool(body.stream))
@@ -115,6 +118,17 @@ class OpenAIHttpServer:
     async def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Tokenized off the event loop; a text the context cannot hold is refused untokenized."""
         return await self._tokenizer.encode_async(text, await self._generator.max_model_len(), add_special_tokens)
+
+    async def _completion_max_tokens(self, body: CompletionRequest, prompt_ids: list[int] | None) -> int:
+        """vLLM's: 16 when the body leaves max_tokens out, the rest of the context when it is null. A
+        default is cut to the gateway's limit; a value the client set is checked against it instead."""
+        if "max_tokens" not in body.model_fields_set:
+            return self._within_limit(COMPLETIONS_DEFAULT_MAX_TOKENS)
+        return body.max_tokens or self._within_limit(await self._room_after(prompt_ids))
+
+    def _within_limit(self, default_max_tokens: int) -> int:
+        limit = self._generator.max_tokens_limit
+        return default_max_tokens if limit is None else min(default_max_tokens, limit)
 
     async def _room_after(self, prompt_ids: list[int]) -> int:
         """max_tokens when the client sets none: the rest of the context (at least 1, so an overlong

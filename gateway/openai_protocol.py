@@ -142,12 +142,12 @@ def _validation_message(exc: ValidationError) -> str:
     return "invalid request: " + "; ".join(problems)
 
 
-def completion_to_generate(body: CompletionRequest, request_id: str, default_max_tokens: int | None = None,
+def completion_to_generate(body: CompletionRequest, request_id: str, max_tokens: int,
                            prompt_token_ids: list[int] | None = None) -> generate_pb2.GenerateRequest:
     """A text prompt travels as text (the mesh tokenizes it with special tokens), unless the caller
-    has tokenized it already (`prompt_token_ids`); ids as ids. `default_max_tokens` replaces an
-    explicit `max_tokens: null`."""
-    request = _generate_request(body, request_id, body.max_tokens or default_max_tokens)
+    has tokenized it already (`prompt_token_ids`); ids as ids. `max_tokens`: the body's, or the
+    server's default where the body sets none (OpenAIHttpServer)."""
+    request = _generate_request(body, request_id, max_tokens)
     prompt = body.single_prompt() if prompt_token_ids is None else prompt_token_ids
     if isinstance(prompt, str):
         request.text = prompt
@@ -157,9 +157,10 @@ def completion_to_generate(body: CompletionRequest, request_id: str, default_max
 
 
 def chat_to_generate(body: ChatCompletionRequest, request_id: str, prompt_token_ids: list[int],
-                     default_max_tokens: int | None = None) -> generate_pb2.GenerateRequest:
-    """`prompt_token_ids`: the rendered chat (chat_prompt_text), tokenized."""
-    request = _generate_request(body, request_id, body.requested_max_tokens or default_max_tokens)
+                     max_tokens: int) -> generate_pb2.GenerateRequest:
+    """`prompt_token_ids`: the rendered chat (chat_prompt_text), tokenized; `max_tokens` as for
+    completion_to_generate."""
+    request = _generate_request(body, request_id, max_tokens)
     request.token_ids.ids.extend(prompt_token_ids)
     return request
 
@@ -170,10 +171,7 @@ def chat_prompt_text(body: ChatCompletionRequest, template: ChatTemplate) -> str
     return template.render([m.template_dict() for m in body.messages], body.add_generation_prompt)
 
 
-def _generate_request(body: _GenerationRequest, request_id: str,
-                      max_tokens: int | None) -> generate_pb2.GenerateRequest:
-    if max_tokens is None:
-        raise InvalidRequest("max_tokens is required")
+def _generate_request(body: _GenerationRequest, request_id: str, max_tokens: int) -> generate_pb2.GenerateRequest:
     sampling = common_pb2.SamplingParams(
         max_tokens=max_tokens, temperature=_or(body.temperature, 1.0), top_p=_or(body.top_p, 1.0),
         stop=_stop_list(body.stop), ignore_eos=body.ignore_eos)

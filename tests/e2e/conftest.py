@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from pdmesh.cluster import LocalCluster
 from pdmesh.config import GatewaySettings, TlsSettings
 from pdmesh.tls import open_channel
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.e2e.fuzz_tally import TALLY, TALLY_PATH_ENV
 from tests.otlp_receiver import OtlpReceiver
 from tests.redis_server import RedisServer
 
@@ -83,6 +85,12 @@ USER_CHATS = [[{"role": "system", "content": "You answer briefly."},
 FAILOVER_PROMPT = [0] + [(i * 53 + 7) % 1000 + 3 for i in range(99)]
 # Long enough that the kill lands mid-stream: the test first waits for the prompt's KV to be saved.
 FAILOVER_SAMPLING = {"max_tokens": 500, "temperature": 0.0, "ignore_eos": True}
+
+
+def pytest_sessionfinish(session) -> None:
+    """The fuzz tests' answers, for bench/fuzz.py's report, when it asked for them."""
+    if TALLY_PATH_ENV in os.environ:
+        TALLY.write(Path(os.environ[TALLY_PATH_ENV]))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
-"""What the fuzz tests share: Hypothesis's bound for CI, the client-error statuses a fuzzed call may
-get, and the strategies for sampling params, token prompts and transfer ids."""
+"""What the fuzz tests share: Hypothesis's bound (60 examples a property in CI; bench/fuzz.py sets
+more for the report's run), the client-error statuses a fuzzed call may get, the tally of the answers
+the report counts, and the strategies for sampling params, token prompts and transfer ids."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import grpc
@@ -11,19 +13,22 @@ from hypothesis import strategies as st
 
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import token_prompts
+from tests.e2e.fuzz_tally import EXAMPLES_ENV, TALLY
 
 CLIENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE,
                 grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED}
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+# CI: 60 examples a property, the same ones each run. The report's run: more, seeded by --hypothesis-seed.
+FUZZ = settings(max_examples=int(os.environ.get(EXAMPLES_ENV, "60")), deadline=None, database=None,
+                suppress_health_check=list(HealthCheck), derandomize=EXAMPLES_ENV not in os.environ)
 
 INT32 = st.integers(-2**31, 2**31 - 1)
 FLOATS = st.floats(width=32, allow_nan=True, allow_infinity=True)
-SAMPLING = st.builds(
-    common_pb2.SamplingParams,
-    max_tokens=st.one_of(st.integers(-3, 6), INT32), temperature=st.one_of(st.sampled_from([0.0, 1.0, 2.0]), FLOATS),
-    top_p=st.one_of(st.sampled_from([0.0, 0.5, 1.0]), FLOATS),
-    seed=st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)),
-    stop=st.lists(st.text(max_size=8), max_size=3), ignore_eos=st.booleans())
+SAMPLING_FIELDS = {   # each SamplingParams field's fuzzed values
+    "max_tokens": st.one_of(st.integers(-3, 6), INT32), "temperature": st.one_of(st.sampled_from([0.0, 1.0, 2.0]), FLOATS),
+    "top_p": st.one_of(st.sampled_from([0.0, 0.5, 1.0]), FLOATS), "seed": st.integers(-2**63, 2**63 - 1),
+    "stop": st.lists(st.text(max_size=8), max_size=3), "ignore_eos": st.booleans()}
+SAMPLING = st.builds(common_pb2.SamplingParams,
+                     **{**SAMPLING_FIELDS, "seed": st.one_of(st.none(), SAMPLING_FIELDS["seed"])})
 SMALL_SAMPLING = SAMPLING.map(lambda s: common_pb2.SamplingParams(
     max_tokens=max(-3, min(s.max_tokens, 4)), temperature=s.temperature, top_p=s.top_p, stop=s.stop,
     ignore_eos=s.ignore_eos, **({"seed": s.seed} if s.HasField("seed") else {})))
@@ -59,7 +64,8 @@ def kv_handles(kv_address: str, compats: tuple[common_pb2.CompatInfo, common_pb2
 
 
 def decode_runs_or_is_refused(stub: worker_pb2_grpc.DecodeStub, tokens: list[int],
-                              sampling: common_pb2.SamplingParams, kv: common_pb2.KVHandle | None) -> None:
+                              sampling: common_pb2.SamplingParams, kv: common_pb2.KVHandle | None,
+                              target: str = "Decode") -> None:
     """A fuzzed Decode streams to its end or fails with a client error."""
     request = worker_pb2.DecodeRequest(request_id=f"fuzz-{uuid.uuid4().hex}", prompt_token_ids=tokens,
                                        sampling=sampling, kv=kv)
@@ -67,16 +73,21 @@ def decode_runs_or_is_refused(stub: worker_pb2_grpc.DecodeStub, tokens: list[int
         for _ in stub.Decode(request, timeout=60):
             pass
     except grpc.RpcError as error:
+        TALLY.grpc_error(target, error)
         assert client_error(error), (request, error)
+    else:
+        TALLY.answered(target)
 
 
-def prefill_runs_or_is_refused(stub: worker_pb2_grpc.PrefillStub,
-                               request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse | None:
+def prefill_runs_or_is_refused(stub: worker_pb2_grpc.PrefillStub, request: worker_pb2.PrefillRequest,
+                               target: str = "Prefill") -> worker_pb2.PrefillResponse | None:
     """A fuzzed Prefill answers (its transfer released again) or fails with a client error (None)."""
     try:
         response = stub.Prefill(request, timeout=60)
     except grpc.RpcError as error:
+        TALLY.grpc_error(target, error)
         assert client_error(error), (request, error)
         return None
+    TALLY.answered(target)
     stub.Release(worker_pb2.ReleaseKVRequest(transfer_id=response.kv.transfer_id), timeout=10)
     return response

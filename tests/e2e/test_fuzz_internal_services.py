@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pdmesh.transport.mesh_auth import MESH_TOKEN_KEY
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TOKENS, TRANSFER_IDS, client_error,
+from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TALLY, TOKENS, TRANSFER_IDS, client_error,
                                decode_runs_or_is_refused, kv_handles, peer_compats, prefill_runs_or_is_refused)
 
 pytestmark = pytest.mark.vllm
@@ -63,18 +63,18 @@ def test_fuzzed_kv_port_calls_are_refused_without_the_token_and_answered_clearly
     with grpc.insecure_channel(cluster.prefill_addresses_kv[0]) as channel:
         transfer = kv_transfer_pb2_grpc.KVTransferStub(channel)
         store = kv_store_pb2_grpc.KVStoreStub(channel)
-        calls = {
-            "pull": lambda tid, c, ids: list(transfer.Pull(kv_transfer_pb2.PullRequest(
+        calls = {   # by the method's name, as the report counts them
+            "KVTransfer.Pull": lambda tid, c, ids: list(transfer.Pull(kv_transfer_pb2.PullRequest(
                 transfer_id=tid, compat=c, block_indexes=ids), metadata=md, timeout=30)),
-            "open": lambda tid, c, ids: transfer.Open(kv_transfer_pb2.OpenRequest(
+            "KVTransfer.Open": lambda tid, c, ids: transfer.Open(kv_transfer_pb2.OpenRequest(
                 transfer_id=tid, compat=c, block_indexes=ids), metadata=md, timeout=30),
-            "release": lambda tid, c, ids: transfer.Release(kv_transfer_pb2.ReleaseRequest(transfer_id=tid),
-                                                            metadata=md, timeout=30),
-            "watch": lambda tid, c, ids: transfer.Watch(kv_transfer_pb2.WatchRequest(
+            "KVTransfer.Release": lambda tid, c, ids: transfer.Release(
+                kv_transfer_pb2.ReleaseRequest(transfer_id=tid), metadata=md, timeout=30),
+            "KVTransfer.Watch": lambda tid, c, ids: transfer.Watch(kv_transfer_pb2.WatchRequest(
                 transfer_id=tid, compat=c, block_indexes=ids, wait_ms=10), metadata=md, timeout=30),
-            "handshake": lambda tid, c, ids: transfer.Handshake(kv_transfer_pb2.HandshakeRequest(
+            "KVTransfer.Handshake": lambda tid, c, ids: transfer.Handshake(kv_transfer_pb2.HandshakeRequest(
                 compat=c, transports=[tid]), metadata=md, timeout=30),
-            "lookup": lambda tid, c, ids: store.Lookup(kv_store_pb2.LookupRequest(
+            "KVStore.Lookup": lambda tid, c, ids: store.Lookup(kv_store_pb2.LookupRequest(
                 compat=c, token_ids=ids, extra_key=tid.encode()), metadata=md, timeout=30),
         }
         for md, refused in (((), grpc.StatusCode.UNAUTHENTICATED), (token, None)):
@@ -85,9 +85,12 @@ def test_fuzzed_kv_port_calls_are_refused_without_the_token_and_answered_clearly
                                                                                       max_size=6))
             def check(method, transfer_id, which, ids):
                 chosen = {"peer": compat, "foreign": foreign, "empty": common_pb2.CompatInfo()}[which]
+                target = method if md else f"{method} (no token)"
                 try:
                     calls[method](transfer_id, chosen, ids)
+                    TALLY.answered(target)
                 except grpc.RpcError as error:
+                    TALLY.grpc_error(target, error)
                     if refused is not None:
                         assert error.code() == refused, error
                     else:

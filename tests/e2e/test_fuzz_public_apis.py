@@ -1,7 +1,9 @@
 """Property-based fuzzing of the public APIs (gRPC Generate, the OpenAI HTTP routes) against real
 vLLM workers: whatever the body, the answer is a stream of tokens or a client-error status with a
 message (never UNKNOWN / INTERNAL / 5xx), and afterwards the mesh still serves monolithic vLLM's
-tokens. Bounded (max_examples) so CI stays fast; each accepted request runs at most 4 tokens."""
+tokens. A request is valid, valid but for one fuzzed field (so every field's checks are reached), all
+fuzzed, or bytes that are no message. Bounded (max_examples) so CI stays fast; each accepted request
+runs at most 4 tokens. Every answer is counted (fuzz_tally) for bench/fuzz.py's report."""
 
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from gateway.server import Gateway
 from pdmesh.client import make_request
 from pdmesh.config import GatewaySettings
 from pdmesh.transport.grpc_options import MAX_MESSAGE_NBYTES
-from pdmesh.v1 import generate_pb2, generate_pb2_grpc
+from pdmesh.v1 import common_pb2, generate_pb2, generate_pb2_grpc
 from tests.e2e.conftest import token_prompts
-from tests.e2e.fuzzing import FUZZ, INT32, SAMPLING, client_error
+from tests.e2e.fuzzing import FUZZ, INT32, SAMPLING, SAMPLING_FIELDS, TALLY, client_error
 
 pytestmark = pytest.mark.vllm
 MAX_TOKENS_LIMIT = 4
@@ -31,17 +33,53 @@ PROMPT = st.one_of(st.none(), st.text(max_size=300),
                    st.lists(st.one_of(st.integers(0, 1100), INT32), max_size=200))
 
 
-@st.composite
-def generate_requests(draw) -> generate_pb2.GenerateRequest:
-    request = generate_pb2.GenerateRequest(
-        request_id=draw(st.text(max_size=40)), model=draw(st.sampled_from(["", "tiny-llama", "no-such-model"])),
-        sampling=draw(SAMPLING), cache_salt=draw(st.text(max_size=20)))
-    prompt = draw(PROMPT)
+VALID_SAMPLING = {"max_tokens": st.integers(1, MAX_TOKENS_LIMIT), "temperature": st.floats(0, 2),
+                  "top_p": st.floats(0.01, 1), "seed": st.one_of(st.none(), st.integers(0, 2**63 - 1)),
+                  "stop": st.lists(st.text(min_size=1, max_size=5), max_size=2), "ignore_eos": st.booleans()}
+VALID_PROMPT = st.one_of(st.text(min_size=1, max_size=200), st.lists(st.integers(3, 1000), min_size=1, max_size=50))
+GENERATE_FIELDS = {"request_id": st.text(max_size=40), "model": st.sampled_from(["", "tiny-llama", "no-such-model"]),
+                   "prompt": PROMPT, "cache_salt": st.text(max_size=20),
+                   **{f"sampling.{name}": values for name, values in SAMPLING_FIELDS.items()}}
+
+
+def _set_prompt(request: generate_pb2.GenerateRequest, prompt: str | list[int] | None) -> None:
+    request.ClearField("prompt")
     if isinstance(prompt, str):
         request.text = prompt
     elif prompt is not None:
         request.token_ids.ids.extend(prompt)
-    return request
+
+
+def _set_field(request: generate_pb2.GenerateRequest, field: str, value) -> None:
+    if field == "prompt":
+        _set_prompt(request, value)
+    elif field == "sampling.stop":
+        del request.sampling.stop[:]
+        request.sampling.stop.extend(value)
+    elif field.startswith("sampling."):
+        setattr(request.sampling, field.removeprefix("sampling."), value)
+    else:
+        setattr(request, field, value)
+
+
+@st.composite
+def generate_requests(draw) -> tuple[str, generate_pb2.GenerateRequest]:
+    """(how it was built, the request): valid, valid but for one fuzzed field, or all fields fuzzed."""
+    case = draw(st.sampled_from(["valid", "one field fuzzed", "all fields fuzzed"]))
+    if case == "all fields fuzzed":
+        request = generate_pb2.GenerateRequest(sampling=draw(SAMPLING))
+        for field in ("request_id", "model", "prompt", "cache_salt"):
+            _set_field(request, field, draw(GENERATE_FIELDS[field]))
+        return case, request
+    sampling = {name: draw(values) for name, values in VALID_SAMPLING.items()}
+    request = generate_pb2.GenerateRequest(model=draw(st.sampled_from(["", "tiny-llama"])),
+                                           sampling=common_pb2.SamplingParams(**sampling))
+    _set_prompt(request, draw(VALID_PROMPT))
+    if case == "valid":
+        return case, request
+    field = draw(st.sampled_from(sorted(GENERATE_FIELDS)))
+    _set_field(request, field, draw(GENERATE_FIELDS[field]))
+    return f"{field} fuzzed", request
 
 
 JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), st.text(max_size=30))
@@ -58,13 +96,32 @@ CHAT_FIELDS = {**{k: v for k, v in COMPLETION_FIELDS.items() if k != "prompt"},
                "messages": st.one_of(st.lists(st.fixed_dictionaries(
                    {"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]),
                     "content": st.one_of(st.text(max_size=50), JSON_VALUE)}), max_size=3), JSON_VALUE)}
+VALID_BODY = {"model": st.just("tiny-llama"), "max_tokens": VALID_SAMPLING["max_tokens"],
+              "temperature": VALID_SAMPLING["temperature"], "top_p": VALID_SAMPLING["top_p"],
+              "seed": st.integers(0, 2**63 - 1), "stop": VALID_SAMPLING["stop"], "stream": st.booleans()}
+VALID_COMPLETION = {**VALID_BODY, "prompt": VALID_PROMPT}
+VALID_CHAT = {**VALID_BODY, "messages": st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(min_size=1, max_size=50)}),
+    min_size=1, max_size=3)}
+RAW_BODIES = st.one_of(st.binary(max_size=200), st.just(b"[" * 5000 + b"]" * 5000),
+                       st.just(b'{"prompt": "\xff\xfe", "max_tokens": 2}'), st.just(b"{" + b'"a":' * 3 + b"1}"))
 
 
-def _bodies(fields: dict) -> st.SearchStrategy[bytes]:
-    as_json = st.fixed_dictionaries({}, optional=fields).map(lambda body: json.dumps(body).encode())
-    raw = st.one_of(st.binary(max_size=200), st.just(b"[" * 5000 + b"]" * 5000),
-                    st.just(b'{"prompt": "\xff\xfe", "max_tokens": 2}'), st.just(b"{" + b'"a":' * 3 + b"1}"))
-    return st.one_of(as_json, raw)
+@st.composite
+def _bodies(draw, valid: dict, fields: dict) -> tuple[str, bytes]:
+    """(how it was built, the body): valid, valid but for one fuzzed field, all fields fuzzed, or raw bytes."""
+    case = draw(st.sampled_from(["valid", "one field fuzzed", "all fields fuzzed", "raw bytes"]))
+    if case == "raw bytes":
+        return case, draw(RAW_BODIES)
+    if case == "all fields fuzzed":
+        return case, json.dumps(draw(st.fixed_dictionaries({}, optional=fields))).encode()
+    prompt = {name: values for name, values in valid.items() if name in ("prompt", "messages")}
+    body = draw(st.fixed_dictionaries(prompt, optional={name: v for name, v in valid.items() if name not in prompt}))
+    if case == "one field fuzzed":
+        field = draw(st.sampled_from(sorted(fields)))
+        body[field] = draw(fields[field])
+        case = f"{field} fuzzed"
+    return case, json.dumps(body).encode()
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +178,14 @@ def test_fuzzed_generate_requests_get_tokens_or_a_client_error(gateway, referenc
         stub = generate_pb2_grpc.GenerationStub(channel)
 
         @FUZZ
-        @given(request=generate_requests())
-        def check(request):
+        @given(built=generate_requests())
+        def check(built):
+            case, request = built
             _, error = _generate(stub, request)
-            if error is not None:
+            if error is None:
+                TALLY.answered("Generate", case)
+            else:
+                TALLY.grpc_error("Generate", error, case)
                 assert client_error(error), (request, error)
 
         check()
@@ -135,25 +196,29 @@ def test_fuzzed_generate_requests_get_tokens_or_a_client_error(gateway, referenc
         def check_raw(body):
             try:
                 list(raw(body, timeout=60))
+                TALLY.answered("Generate (raw bytes)")
             except grpc.RpcError as error:
+                TALLY.grpc_error("Generate (raw bytes)", error)
                 assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details(), error
 
         check_raw()
     _assert_still_serving(address, reference)
 
 
-@pytest.mark.parametrize("path,fields", [("/v1/completions", COMPLETION_FIELDS),
-                                         ("/v1/chat/completions", CHAT_FIELDS)])
-def test_fuzzed_openai_bodies_get_an_answer_or_a_4xx_with_a_message(gateway, reference, path, fields):
+@pytest.mark.parametrize("path,valid,fields", [("/v1/completions", VALID_COMPLETION, COMPLETION_FIELDS),
+                                               ("/v1/chat/completions", VALID_CHAT, CHAT_FIELDS)])
+def test_fuzzed_openai_bodies_get_an_answer_or_a_4xx_with_a_message(gateway, reference, path, valid, fields):
     server, address = gateway
 
     @FUZZ
-    @given(body=_bodies(fields))
-    def check(body):
+    @given(built=_bodies(valid, fields))
+    def check(built):
+        case, body = built
         status, payload = _post(server.http_address, path, body)
         assert status == 200 or 400 <= status < 500, (body[:300], status, payload[:300])
-        if status != 200:
-            assert json.loads(payload)["error"]["message"], payload
+        message = "" if status == 200 else json.loads(payload)["error"]["message"]
+        TALLY.http_answer(f"POST {path}", status, message, case)
+        assert status == 200 or message, payload
 
     check()
     _assert_still_serving(address, reference)

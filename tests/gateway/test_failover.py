@@ -1,6 +1,7 @@
 """Failover, admission and limits of the gateway against in-process fake workers (the real-process
 version, with SIGKILLed workers, is tests/e2e/test_gateway_users.py)."""
 
+import aiohttp
 import grpc
 import pytest
 
@@ -108,6 +109,22 @@ async def test_per_request_limits_are_invalid_argument(tiny_llama_dir, request_k
     finally:
         await _stop(gateway, [prefill, decode])
     assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": [0, 7]}),
+                                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})])
+async def test_an_openai_request_without_max_tokens_gets_the_gateways_limit_not_a_refusal(tiny_llama_dir, path, body):
+    """OpenAI's default max_tokens is the rest of the context (124 here); a gateway with a
+    max_tokens_limit sends its limit instead of refusing a request the client wrote correctly."""
+    decode = FakeWorker("decode")
+    gateway, _, prefill, _ = await _mesh(tiny_llama_dir, [decode], max_tokens_limit=4, http_port=0)
+    try:
+        async with aiohttp.ClientSession() as session, \
+                session.post(f"http://{gateway.http_address}{path}", json=body) as response:
+            status = response.status
+    finally:
+        await _stop(gateway, [prefill, decode])
+    assert (status, [r.sampling.max_tokens for r in decode.requests]) == (200, [4])
 
 
 async def test_api_keys_gate_generate_and_name_the_tenant(tiny_llama_dir):

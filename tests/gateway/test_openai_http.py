@@ -56,6 +56,8 @@ class FakeGenerator:
     async def max_model_len(self):
         return MAX_MODEL_LEN
 
+    max_tokens_limit = None
+
     @property
     def request(self) -> generate_pb2.GenerateRequest:
         return self.calls[-1][0]
