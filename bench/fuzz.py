@@ -82,8 +82,21 @@ def target_rows(tally: dict) -> list[dict]:
         rows.append({"target": target, "calls": sum(outcomes.values()), "answered": outcomes.get(ANSWERED, 0),
                      "client_errors": {o: n for o, n in refusals.items() if is_client_error(o)},
                      "other": {o: n for o, n in refusals.items() if not is_client_error(o)},
-                     "reasons": len(counted["messages"]), "top_messages": counted["messages"][:8]})
+                     "reasons": len(counted["messages"]), "top_messages": counted["messages"][:8],
+                     "cases": counted["cases"]})
     return rows
+
+
+def cases_table(rows: list[dict]) -> str:
+    """How each way of building a call was answered, for the targets that build calls more ways than one."""
+    lines = ["| target | case | calls | answered | client errors | other |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        for case, outcomes in sorted(row["cases"].items()):
+            client = sum(n for o, n in outcomes.items() if o != ANSWERED and is_client_error(o))
+            other = sum(n for o, n in outcomes.items() if o != ANSWERED and not is_client_error(o))
+            lines.append(f"| {row['target']} | {case} | {sum(outcomes.values())} | {outcomes.get(ANSWERED, 0)} | "
+                         f"{client} | {other} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -120,7 +133,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("% of fuzzed calls (number of calls at the right)")
     ax.set_title("Every fuzzed call's answer, by target")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 1.2 / (0.35 * len(rows) + 1.5)), ncol=3)
     plt.setp(ax.get_yticklabels(), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -134,7 +147,7 @@ def write_report(rows: list[dict], tests: list[FuzzTestResult], returncode: int,
     (out_dir / "fuzz.json").write_text(json.dumps(
         {"settings": settings, "machine": platform.platform(), "goal_met": goal_met, "pytest_returncode": returncode,
          "tests": [asdict(t) for t in tests], "targets": rows}, indent=2))
-    (out_dir / "fuzz.md").write_text(markdown_table(rows))
+    (out_dir / "fuzz.md").write_text(markdown_table(rows) + "\n" + cases_table(rows))
     plot(rows, out_dir / "fuzz.png")
 
 
