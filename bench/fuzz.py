@@ -82,7 +82,7 @@ def target_rows(tally: dict) -> list[dict]:
         rows.append({"target": target, "calls": sum(outcomes.values()), "answered": outcomes.get(ANSWERED, 0),
                      "client_errors": {o: n for o, n in refusals.items() if is_client_error(o)},
                      "other": {o: n for o, n in refusals.items() if not is_client_error(o)},
-                     "reasons": len(counted["messages"]), "top_messages": counted["messages"][:8],
+                     "reasons": len(counted["messages"]), "messages": counted["messages"],
                      "cases": counted["cases"]})
     return rows
 

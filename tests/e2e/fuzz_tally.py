@@ -62,6 +62,8 @@ TALLY = FuzzTally()   # the session's: every fuzz test counts into it
 
 
 def _folded(message: str) -> str:
-    """A refusal's message with its numbers and quoted values folded, so one reason counts once."""
+    """A refusal's message with its numbers, lists of numbers and quoted values folded, so one reason
+    counts once ("token ids [N, …] outside the vocabulary [N, N)" whatever the ids)."""
     message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
-    return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", message)[:MESSAGE_CHARS]
+    message = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", message)
+    return re.sub(r"\[N(, N)*\]", "[N, …]", message)[:MESSAGE_CHARS]
