@@ -112,10 +112,12 @@ async def test_per_request_limits_are_invalid_argument(tiny_llama_dir, request_k
 
 
 @pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": [0, 7]}),
+                                        ("/v1/completions", {"prompt": [0, 7], "max_tokens": None}),
                                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})])
 async def test_an_openai_request_without_max_tokens_gets_the_gateways_limit_not_a_refusal(tiny_llama_dir, path, body):
-    """OpenAI's default max_tokens is the rest of the context (124 here); a gateway with a
-    max_tokens_limit sends its limit instead of refusing a request the client wrote correctly."""
+    """vLLM's defaults (16 for a completion that leaves max_tokens out, the rest of the 128-token
+    context for a null one or a chat) are above the limit of 4: the gateway sends its limit instead of
+    refusing a request the client wrote correctly."""
     decode = FakeWorker("decode")
     gateway, _, prefill, _ = await _mesh(tiny_llama_dir, [decode], max_tokens_limit=4, http_port=0)
     try:
