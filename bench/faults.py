@@ -21,9 +21,10 @@ from pathlib import Path
 
 from bench.common import REPORT_DIR, RESULTS_DIR
 from bench.fault_campaign.campaign import FaultResult, run_fault
-from bench.fault_campaign.faults import all_faults
+from bench.fault_campaign.faults import Fault, all_faults
 from bench.fault_campaign.mesh import FaultMesh, MeshSpec, add_run_arguments, fresh_dir
 from bench.fault_campaign.outcomes import Outcome
+from bench.fault_campaign.load import Workload
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama
@@ -34,8 +35,22 @@ async def run_campaign(spec: MeshSpec, fault_names: list[str], trials: int, num_
     faults = [fault for fault in all_faults() if fault.name in fault_names]
     workload = build_workload(spec.model_dir, fresh_dir(spec.run_dir / "reference"))
     with FaultMesh(spec) as mesh:
-        return [await run_fault(mesh, workload, fault, (trials_by_fault or {}).get(fault.name, trials), num_streams)
-                for fault in faults]
+        return await run_faults(mesh, workload, faults, trials, num_streams, trials_by_fault)
+
+
+async def run_faults(mesh: FaultMesh, workload: Workload, faults: list[Fault], trials: int, num_streams: int,
+                     trials_by_fault: dict[str, int] | None = None) -> list[FaultResult]:
+    """Each fault's row in turn; once a fault stopped (the mesh could not be made whole again), the
+    faults after it are skipped, saying so, and the rows so far are kept."""
+    results: list[FaultResult] = []
+    for fault in faults:
+        broken = next((r for r in results if r.stopped), None)
+        if broken is not None:
+            results.append(FaultResult(fault.name, fault.description, skipped=f"{broken.fault} stopped the mesh"))
+            continue
+        results.append(await run_fault(mesh, workload, fault, (trials_by_fault or {}).get(fault.name, trials),
+                                       num_streams))
+    return results
 
 
 def markdown_table(results: list[FaultResult]) -> str:
@@ -48,8 +63,14 @@ def markdown_table(results: list[FaultResult]) -> str:
             continue
         counts = " | ".join(str(r.outcomes.get(c, 0)) for c in columns)
         lines.append(f"| {r.fault} | {r.run_at or '-'} | {r.trials} ({r.trials_hit}) | {r.requests} ({r.requests_hit}) | {counts} | "
-                     f"{len(r.leaks)} | {_probes(r)} | {'met' if r.meets_goal else 'MISSED'} |")
+                     f"{len(r.leaks)} | {_probes(r)} | {_goal(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _goal(result: FaultResult) -> str:
+    if result.stopped:
+        return f"MISSED (stopped at {result.stopped})"
+    return "met" if result.meets_goal else "MISSED"
 
 
 def _probes(result: FaultResult) -> str:

@@ -35,6 +35,7 @@ class FaultResult:
     run_at: str = ""             # UTC date and time the fault's trials started (each part's: plus)
     probes_judged: int = 0       # tenant B's probe requests that completed in one try (load.py)
     cross_tenant_hits: int = 0   # of those, how many reused cached tokens: tenant A's KV
+    stopped: str = ""            # why the trials ended early ("trial N: ..."): the mesh could not be made whole
 
     @classmethod
     def from_json(cls, row: dict) -> "FaultResult":
@@ -47,8 +48,8 @@ class FaultResult:
 
     @property
     def meets_goal(self) -> bool:
-        return (not self.skipped and self.requests > 0 and self.good_share == 1.0 and not self.leaks
-                and not self.cross_tenant_hits)
+        return (not self.skipped and not self.stopped and self.requests > 0 and self.good_share == 1.0
+                and not self.leaks and not self.cross_tenant_hits)
 
     def as_json(self) -> dict:
         return {**asdict(self), "good_share": self.good_share, "meets_goal": self.meets_goal}
@@ -65,7 +66,7 @@ class FaultResult:
         return replace(later, **summed, outcomes=_added(self.outcomes, later.outcomes),
                        not_completed=_added(self.not_completed, later.not_completed),
                        trial_notes=(self.trial_notes + later.trial_notes)[:MAX_TRIAL_NOTES],
-                       run_at=f"{self.run_at} + {later.run_at}")
+                       run_at=f"{self.run_at} + {later.run_at}", stopped=self.stopped or later.stopped)
 
 
 def _added(counts: dict[str, int], more: dict[str, int]) -> dict[str, int]:
@@ -85,15 +86,19 @@ async def run_fault(mesh: FaultMesh, workload: Workload, fault: Fault, trials: i
     async with mesh.stream_load(workload, num_streams) as load:
         await asyncio.sleep(WARMUP_S)
         for index in range(trials):
-            trial = await asyncio.to_thread(fault.inject, mesh, index)
-            done.append(trial)
-            # A worker starting beside spinning engines on the same cores takes minutes (an OpenMP
-            # start-up competing with busy-waits): recovery runs with the load paused.
-            await load.pause()
-            await asyncio.to_thread(fault.recover, mesh, trial)
+            try:
+                done.append(await asyncio.to_thread(fault.inject, mesh, index))
+                # A worker starting beside spinning engines on the same cores takes minutes (an OpenMP
+                # start-up competing with busy-waits): recovery runs with the load paused.
+                await load.pause()
+                await asyncio.to_thread(fault.recover, mesh, done[-1])
+            except Exception as exc:   # the row keeps what ran; the campaign stops (the mesh is broken)
+                result.stopped = f"trial {index}: {type(exc).__name__}: {exc}"[:500]
+                break
             load.resume()
             await asyncio.sleep(PAUSE_S)
-    result.leaks = await asyncio.to_thread(mesh.leaks)
+    if not result.stopped:   # a mesh left broken cannot be asked what it holds
+        result.leaks = await asyncio.to_thread(mesh.leaks)
     result.seconds = time.monotonic() - started
     result.trials, result.trials_hit = len(done), sum(trial.hit for trial in done)
     result.trial_notes = [f"{t.victim}: {t.note}" for t in done[:MAX_TRIAL_NOTES]]

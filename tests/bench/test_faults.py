@@ -62,3 +62,12 @@ def test_a_later_part_adds_its_trials_and_outcomes_to_the_row():
     assert first.plus(skipped) == first and skipped.plus(first) == first
     with pytest.raises(ValueError, match="cannot add sigkill_decode"):
         first.plus(FaultResult("sigkill_decode", "another", streams=16))
+
+
+def test_a_stopped_row_misses_the_goal_says_where_and_stays_stopped_when_added_to():
+    stopped = replace(_row("sigkill_prefill", 10), stopped="trial 9: RuntimeError: prefill-0 did not start")
+    assert not stopped.meets_goal
+    assert markdown_table([stopped]).splitlines()[-1].endswith(
+        "| MISSED (stopped at trial 9: RuntimeError: prefill-0 did not start) |")
+    assert _row("sigkill_prefill", 5).plus(stopped).stopped == stopped.stopped
+    assert stopped.plus(_row("sigkill_prefill", 5)).stopped == stopped.stopped

@@ -6,14 +6,16 @@ tenant A's KV. The report's campaign runs 100 trials of each; this keeps the pat
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from bench.fault_campaign.campaign import run_fault
-from bench.fault_campaign.faults import all_faults
+from bench.fault_campaign.faults import Fault, Trial, all_faults
 from bench.fault_campaign.mesh import LOAD_TENANT, FaultMesh, MeshSpec
 from bench.fault_campaign.outcomes import cross_tenant_hits
 from bench.fault_campaign.workload import build_workload
+from bench.faults import run_faults
 
 pytestmark = [pytest.mark.vllm, pytest.mark.faults]
 TRIALS = 2
@@ -54,3 +56,29 @@ def test_the_probe_sent_as_the_load_tenant_reuses_its_kv(mesh, workload):
 
     num_judged, num_hits = asyncio.run(probe_as_tenant_a())
     assert num_hits > 0, (num_judged, num_hits)
+
+
+class RecoveryFails(Fault):
+    """Hits nothing; its second recovery fails, as a worker that cannot start again would."""
+    name, description = "recovery_fails", "a fault whose second recovery fails"
+
+    def __init__(self) -> None:
+        self.num_recovered = 0
+
+    def inject(self, mesh, index):
+        return Trial(time.monotonic(), "nobody", hit=False)
+
+    def recover(self, mesh, trial):
+        if self.num_recovered == 1:
+            raise RuntimeError("prefill-0 did not start")
+        self.num_recovered += 1
+
+
+def test_a_fault_the_mesh_cannot_recover_from_keeps_its_row_and_skips_the_rest(mesh, workload):
+    results = asyncio.run(run_faults(mesh, workload, [RecoveryFails(), FAULTS["restart_redis"]], trials=3,
+                                     num_streams=4))
+    stopped, skipped = results
+    assert (stopped.stopped, stopped.trials) == ("trial 1: RuntimeError: prefill-0 did not start", 2)
+    assert stopped.requests > 0 and stopped.outcomes["hung"] == stopped.outcomes["wrong"] == 0
+    assert not stopped.meets_goal
+    assert skipped.skipped == "recovery_fails stopped the mesh" and skipped.requests == 0
