@@ -30,9 +30,10 @@ from bench.common import REPORT_DIR, RESULTS_DIR
 from tests.e2e.fuzz_tally import ANSWERED, EXAMPLES_ENV, TALLY_PATH_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
+LAYERWISE = "tests/e2e/test_mesh_layerwise.py::test_fuzzed_layerwise_"
 FUZZ_TESTS = ["tests/e2e/test_fuzz_public_apis.py", "tests/e2e/test_fuzz_internal_services.py",
-              "tests/e2e/test_mesh_layerwise.py::test_fuzzed_layerwise_prefill_requests_run_once_per_transfer_id_or_are_refused",
-              "tests/e2e/test_mesh_layerwise.py::test_fuzzed_layerwise_decode_requests_stream_or_are_refused"]
+              f"{LAYERWISE}prefill_requests_run_once_per_transfer_id_or_are_refused",
+              f"{LAYERWISE}decode_requests_stream_or_are_refused"]
 CLIENT_STATUSES = {"INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED",
                    "UNAUTHENTICATED", "PERMISSION_DENIED"}
 

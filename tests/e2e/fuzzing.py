@@ -24,7 +24,8 @@ FUZZ = settings(max_examples=int(os.environ.get(EXAMPLES_ENV, "60")), deadline=N
 INT32 = st.integers(-2**31, 2**31 - 1)
 FLOATS = st.floats(width=32, allow_nan=True, allow_infinity=True)
 SAMPLING_FIELDS = {   # each SamplingParams field's fuzzed values
-    "max_tokens": st.one_of(st.integers(-3, 6), INT32), "temperature": st.one_of(st.sampled_from([0.0, 1.0, 2.0]), FLOATS),
+    "max_tokens": st.one_of(st.integers(-3, 6), INT32),
+    "temperature": st.one_of(st.sampled_from([0.0, 1.0, 2.0]), FLOATS),
     "top_p": st.one_of(st.sampled_from([0.0, 0.5, 1.0]), FLOATS), "seed": st.integers(-2**63, 2**63 - 1),
     "stop": st.lists(st.text(max_size=8), max_size=3), "ignore_eos": st.booleans()}
 SAMPLING = st.builds(common_pb2.SamplingParams,
