@@ -5,7 +5,9 @@ python -m pdmesh.baseline IN.json OUT.json, IN = {"model": DIR, "omp_threads_bin
 [{"prompts": [[ids...] | "text", ...], "sampling": {"max_tokens": N, ...}, "one_at_a_time": false}, ...]}
 (or "chats": [[{"role": ..., "content": ...}, ...], ...] instead of "prompts": vLLM's LLM.chat with the
 model's chat template); OUT = {"runs":
-[{"token_ids": [[...]...], "prompt_token_ids": [[...]...], "seconds": wall time of generate()}, ...]}.
+[{"token_ids": [[...]...], "prompt_token_ids": [[...]...], "seconds": wall time of generate()}, ...]};
+a run whose sampling asks for logprobs >= 2 also gets "near_ties": per prompt, per generated token,
+[how far the chosen token's logprob is above the best other one's, that other token's id].
 """
 
 from __future__ import annotations
@@ -44,11 +46,23 @@ def _run(llm, sampling_cls, run: dict) -> dict:
 
 
 def _outputs(outputs, seconds: float) -> dict:
-    return {
+    result = {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
         "seconds": seconds,
     }
+    if outputs and outputs[0].outputs[0].logprobs:
+        result["near_ties"] = [_margins(o.outputs[0]) for o in outputs]
+    return result
+
+
+def _margins(completion) -> list[list]:
+    """Per generated token: [its logprob minus the best other token's, that token's id]."""
+    margins = []
+    for token_id, ranked in zip(completion.token_ids, completion.logprobs):
+        runner_up = max((t for t in ranked if t != token_id), key=lambda t: ranked[t].logprob)
+        margins.append([ranked[token_id].logprob - ranked[runner_up].logprob, runner_up])
+    return margins
 
 
 def run_in_subprocess(model_dir: Path, runs: list[dict], work_dir: Path, timeout_s: float = 600,

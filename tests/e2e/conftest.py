@@ -95,14 +95,14 @@ def pytest_sessionfinish(session) -> None:
 
 @pytest.fixture(scope="session")
 def reference(tiny_llama_dir, tmp_path_factory) -> dict:
-    """Monolithic vLLM outputs: runs[0] greedy on token prompts, [1] greedy on text, [2] seeded,
+    """Monolithic vLLM outputs: runs[0] greedy on token prompts (with near_ties), [1] greedy on text, [2] seeded,
     [3] greedy on LOST_KV_PROMPT, [4] greedy on the KV-store scenarios' prompt pairs (flattened),
     [5] greedy on USER_TEXT_PROMPTS, [6] greedy on USER_CHATS (vLLM's chat), [7] FAILOVER_PROMPT,
     [8] greedy on each transport's tamper_prompts (flattened, in KV_TRANSPORTS order), [9] the same
     for kill_prompts, [10] greedy on LAYERWISE_PROMPTS, [11] as [8] for the layer-wise flow's
     tamper_prompts(f"layerwise-{transport}"), [12] greedy on kill_prompts("layerwise")."""
     return run_in_subprocess(tiny_llama_dir, [
-        {"prompts": token_prompts(), "sampling": GREEDY},
+        {"prompts": token_prompts(), "sampling": {**GREEDY, "logprobs": 2}},
         {"prompts": TEXT_PROMPTS, "sampling": GREEDY},
         {"prompts": token_prompts()[:4], "sampling": SEEDED},
         {"prompts": [LOST_KV_PROMPT], "sampling": GREEDY},

@@ -25,6 +25,7 @@ from pdmesh.client import generate, make_request
 from pdmesh.engine import free_port
 from pdmesh.healthcheck import serving
 from tests.e2e.conftest import MAX_TOKENS, USER_TEXT_PROMPTS, token_prompts
+from tests.e2e.greedy import assert_greedy_tokens_equal
 
 pytestmark = pytest.mark.containers
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +121,8 @@ def test_the_openai_client_and_grpc_on_the_published_ports_answer_like_monolithi
                                       for p in token_prompts()))
 
     results = asyncio.run(all_prompts())
-    assert [token_ids for token_ids, _, _ in results] == reference["runs"][0]["token_ids"]
+    for index, (token_ids, _, _) in enumerate(results):
+        assert_greedy_tokens_equal(token_ids, reference["runs"][0], index)
     assert sum(last.transfer.num_blocks for _, _, last in results) > 0  # KV crossed between the containers
     assert {last.transfer.prefill_worker for _, _, last in results} == {"prefill:50061"}
 
