@@ -22,9 +22,9 @@ from pathlib import Path
 from bench.common import REPORT_DIR, RESULTS_DIR
 from bench.fault_campaign.campaign import FaultResult, run_fault
 from bench.fault_campaign.faults import Fault, all_faults
+from bench.fault_campaign.load import Workload
 from bench.fault_campaign.mesh import FaultMesh, MeshSpec, add_run_arguments, fresh_dir
 from bench.fault_campaign.outcomes import Outcome
-from bench.fault_campaign.load import Workload
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama
@@ -43,13 +43,14 @@ async def run_faults(mesh: FaultMesh, workload: Workload, faults: list[Fault], t
     """Each fault's row in turn; once a fault stopped (the mesh could not be made whole again), the
     faults after it are skipped, saying so, and the rows so far are kept."""
     results: list[FaultResult] = []
+    stopped_by = ""   # the fault that left the mesh broken
     for fault in faults:
-        broken = next((r for r in results if r.stopped), None)
-        if broken is not None:
-            results.append(FaultResult(fault.name, fault.description, skipped=f"{broken.fault} stopped the mesh"))
+        if stopped_by:
+            results.append(FaultResult(fault.name, fault.description, skipped=f"{stopped_by} stopped the mesh"))
             continue
         results.append(await run_fault(mesh, workload, fault, (trials_by_fault or {}).get(fault.name, trials),
                                        num_streams))
+        stopped_by = fault.name if results[-1].stopped else ""
     return results
 
 

@@ -79,13 +79,19 @@ def target_rows(tally: dict) -> list[dict]:
     rows = []
     for target, counted in tally.items():
         outcomes: dict[str, int] = counted["outcomes"]
-        refusals = {o: n for o, n in outcomes.items() if o != ANSWERED}
+        client_errors, other = refusals_by_class(outcomes)
         rows.append({"target": target, "calls": sum(outcomes.values()), "answered": outcomes.get(ANSWERED, 0),
-                     "client_errors": {o: n for o, n in refusals.items() if is_client_error(o)},
-                     "other": {o: n for o, n in refusals.items() if not is_client_error(o)},
+                     "client_errors": client_errors, "other": other,
                      "reasons": len(counted["messages"]), "messages": counted["messages"],
                      "cases": counted["cases"]})
     return rows
+
+
+def refusals_by_class(outcomes: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """The refusals among `outcomes`: (client errors, the others) by status."""
+    refusals = {o: n for o, n in outcomes.items() if o != ANSWERED}
+    return ({o: n for o, n in refusals.items() if is_client_error(o)},
+            {o: n for o, n in refusals.items() if not is_client_error(o)})
 
 
 def cases_table(rows: list[dict]) -> str:
@@ -93,10 +99,9 @@ def cases_table(rows: list[dict]) -> str:
     lines = ["| target | case | calls | answered | client errors | other |", "|---|---|---|---|---|---|"]
     for row in rows:
         for case, outcomes in sorted(row["cases"].items()):
-            client = sum(n for o, n in outcomes.items() if o != ANSWERED and is_client_error(o))
-            other = sum(n for o, n in outcomes.items() if o != ANSWERED and not is_client_error(o))
+            client_errors, other = refusals_by_class(outcomes)
             lines.append(f"| {row['target']} | {case} | {sum(outcomes.values())} | {outcomes.get(ANSWERED, 0)} | "
-                         f"{client} | {other} |")
+                         f"{sum(client_errors.values())} | {sum(other.values())} |")
     return "\n".join(lines) + "\n"
 
 

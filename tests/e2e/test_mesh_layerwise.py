@@ -30,8 +30,8 @@ from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TRANSFER_IDS, deco
 pytestmark = pytest.mark.vllm
 SLOW_STEP_S = 1.0    # each prefill step of a "slow-" request: 2 steps of 256 tokens for these prompts
 PULL_TIMEOUT_S = 4.0  # decode gives a transfer up after this long without progress
-# A layer-wise Decode whose transfer never comes waits PULL_TIMEOUT_S: few examples
-LAYERWISE_FUZZ = settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 6))   # an example may wait out a timeout
+# A layer-wise Decode whose transfer never comes waits PULL_TIMEOUT_S: a sixth of FUZZ's examples, at least 10
+LAYERWISE_FUZZ = settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 6))
 MINTED_IDS = [secrets.token_urlsafe(18) for _ in range(3)]   # fuzzed requests reuse these: replays
 WORKER_ARGS = ["--hold_timeout_s", str(HOLD_TIMEOUT_S), "--pull_timeout_s", str(PULL_TIMEOUT_S),
                "--kv_faults.slow_prefill_request_prefix", "slow-", "--kv_faults.slow_step_s", str(SLOW_STEP_S)]
