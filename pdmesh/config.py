@@ -218,6 +218,10 @@ class WorkerSettings(_LayeredSettings):
     # there (pulls, the KV server, store saves) need the GIL between their C calls, behind a model runner that
     # holds it. 0.5 ms measured mixed (bench/REPORT.md: long prompts a little better, short ones worse).
     kv_gil_switch_interval_s: float | None = None
+    # Engine steps skip the model workers while every request waits for its KV and no transfer has finished
+    # (the workers say when one has): vLLM would step them once a millisecond for as long as a request waits,
+    # which the layer-wise flow makes as long as prefill (pdmesh/connector/quiet_steps.py).
+    kv_quiet_steps: bool = True
     # Cores the worker's own processes (its API server, vLLM's engine core) run on, e.g. "1" or "2-3"; "": any.
     # A local cluster keeps a decode worker's on its engine's core: the engine loop that a request waiting
     # for layer-wise KV keeps stepping then does not take prefill's core (bench/REPORT.md, layer-wise flow).

@@ -7,6 +7,7 @@ import socket
 from typing import Any
 
 from pdmesh.config import EngineSettings, WorkerSettings
+from pdmesh.connector.quiet_steps import new_wake_name
 
 CONNECTOR_MODULE = "pdmesh.connector.connector"
 WORKER_EXTENSION = "pdmesh.connector.worker_ext.PDMeshWorkerExtension"
@@ -54,6 +55,7 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
             "pull_timeout_s": settings.pull_timeout_s,
             "transport": settings.kv_transport_settings.model_dump(mode="json"),
             "gil_switch_interval_s": settings.kv_gil_switch_interval_s,
+            "wake_name": new_wake_name() if settings.kv_quiet_steps else "",  # this engine's own
             "store": settings.store.model_dump(mode="json") if settings.role == "prefill" else None,
             # The engine's worker process sets up its own tracing from this.
             "telemetry": settings.telemetry.model_dump(),

@@ -19,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from pdmesh.connector.engine_core_ext import install_scheduler_stats
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
+from pdmesh.connector.quiet_steps import QuietSteps, install_quiet_steps
 from pdmesh.connector.scheduler_side import ConnectorScheduler
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.connector.store_lookup import AsyncStoreLookup, StoreLookup
@@ -47,6 +48,7 @@ class PDMeshConnector(KVConnectorBase_V1):
         kv_port = int(extra.get("kv_port", 0))
         self._scheduler: ConnectorScheduler | None = None
         self._worker: ConnectorWorker | None = None
+        self._quiet: QuietSteps | None = None
         store = StoreSettings(**extra["store"]) if extra.get("store") else None
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         if store is not None and store.enabled and tp_size > 1:
@@ -63,6 +65,9 @@ class PDMeshConnector(KVConnectorBase_V1):
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{advertise_port}", lookup,
                                                  tp_size=tp_size)
+            if extra.get("wake_name"):  # steps skip the workers while every request waits for KV
+                self._quiet = QuietSteps(str(extra["wake_name"]))
+                install_quiet_steps()
         else:
             if extra.get("gil_switch_interval_s"):  # the KV threads' GIL handoffs (pdmesh/config.py)
                 sys.setswitchinterval(float(extra["gil_switch_interval_s"]))
@@ -80,6 +85,7 @@ class PDMeshConnector(KVConnectorBase_V1):
             telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
             store=store, kv_advertise_host=advertise_host, kv_advertise_port=advertise_port,
             transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank(),
+            wake_name=str(extra.get("wake_name") or ""),
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             num_kv_heads=vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config))
 
@@ -127,6 +133,8 @@ class PDMeshConnector(KVConnectorBase_V1):
             self._worker.shutdown()
         if self._scheduler is not None:
             self._scheduler.close()
+        if self._quiet is not None:
+            self._quiet.close()
 
     # ---- scheduler side ----
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -143,6 +151,14 @@ class PDMeshConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)
+
+    def quiet_step(self, scheduler: Any) -> bool:
+        """This engine step may skip the model workers (pdmesh/connector/quiet_steps.py)."""
+        return self._quiet is not None and self._quiet.skip(scheduler, self._scheduler.has_work_for_workers())
+
+    @property
+    def quiet_steps(self) -> QuietSteps | None:
+        return self._quiet
 
 
 def _tp_rank() -> int:

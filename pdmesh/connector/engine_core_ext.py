@@ -16,7 +16,9 @@ METHOD_NAME = "pdmesh_scheduler_stats"
 def _scheduler_stats(engine_core) -> dict:
     scheduler = engine_core.scheduler
     num_running, num_waiting = scheduler.get_request_counts()
+    quiet = getattr(scheduler.get_kv_connector(), "quiet_steps", None)
     return {
+        "engine_quiet_steps": quiet.num_skipped if quiet is not None else 0,
         "num_running_requests": num_running,
         "num_waiting_requests": num_waiting,
         "kv_cache_usage": float(scheduler.get_kv_cache_usage()),

@@ -35,6 +35,10 @@ class LayerwiseSteps:
         if not held:
             self._ended.append(transfer_id)
 
+    def has_news(self) -> bool:
+        """Restarted or ended transfers the workers have not been told of."""
+        return bool(self._restarted or self._ended)
+
     def take(self, scheduler_output: Any) -> tuple[list[LayerwiseStep], list[str], list[str]]:
         """This step's (steps, restarted transfer ids, ended transfer ids)."""
         restarted, ended, self._restarted, self._ended = self._restarted, self._ended, [], []

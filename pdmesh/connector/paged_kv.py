@@ -41,6 +41,11 @@ class PagedKVCache:
         self._layers = [self._layer_view(name, t, num_blocks) for name, t in kv_caches.items()]
         self.num_blocks = num_blocks
         self.block_nbytes = sum(layer.block_nbytes for layer in self._layers)
+        # Reads on an accelerator go on a stream of their own: on the compute stream a read would queue
+        # behind the step's later layers and wait for its whole forward (the layer-wise flow reads a
+        # layer once its event has completed: pdmesh/connector/device_progress.py).
+        device = self._layers[0].tensor.device
+        self._read_stream = torch.Stream(device=device) if device.type != "cpu" else None
         pieces = {_piece_shape(layer) for layer in self._layers}
         self.heads_outer = (len(pieces) == 1 and num_kv_heads > 0 and num_kv_heads != block_size
                             and all(len(p) == 3 and p[0] == num_kv_heads and p[1] == block_size for p in pieces))
@@ -77,6 +82,12 @@ class PagedKVCache:
         GIL released), not one Python-level copy per block and layer."""
         for block_id in block_ids:
             self._check(block_id)
+        if self._read_stream is None:
+            return self._gather(block_ids, layers)
+        with self._read_stream:
+            return self._gather(block_ids, layers)  # the copy to host memory waits for this stream only
+
+    def _gather(self, block_ids: list[int], layers: range | None) -> torch.Tensor:
         chosen = self._chosen(layers)
         out = torch.empty((len(block_ids), sum(layer.block_nbytes for layer in chosen)), dtype=torch.uint8)
         if not block_ids:

@@ -191,6 +191,10 @@ class ConnectorScheduler:
         return True, handle
 
     # ---- both ----
+    def has_work_for_workers(self) -> bool:
+        """The next step's metadata would tell the workers something."""
+        return bool(self._sends or self._recvs or self._loads) or self._layerwise.has_news()
+
     def build_connector_meta(self, scheduler_output: Any = None) -> PDMeshConnectorMetadata:
         steps, restarted, ended = self._layerwise.take(scheduler_output)
         meta = PDMeshConnectorMetadata(

@@ -26,8 +26,10 @@ from opentelemetry import context
 from kvstore.block_hash import chain_block_hashes
 from pdmesh.compat import fingerprint_seed, model_fingerprint, tp_ratio
 from pdmesh.connector.compute_rate import ComputeRate
+from pdmesh.connector.device_progress import DeviceOrderedProgress, ordered_progress
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask, StoreLoadTask
 from pdmesh.connector.paged_kv import WHOLE, PagedKVCache
+from pdmesh.connector.quiet_steps import TransferWakeups
 from pdmesh.connector.store_agent import StoreAgent
 from pdmesh.connector.store_saver import StoreSaver
 from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
@@ -60,7 +62,7 @@ class ConnectorWorker:
                  hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
                  store: StoreSettings | None = None, kv_advertise_host: str | None = None, kv_advertise_port: int = 0,
                  transport: KVTransportSettings | None = None, tp_rank: int = 0, tp_size: int = 1,
-                 num_kv_heads: int = 0) -> None:
+                 num_kv_heads: int = 0, wake_name: str = "") -> None:
         role = "prefill" if is_producer else "decode"
         self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
@@ -81,6 +83,7 @@ class ConnectorWorker:
         self._pull_timeout_s = pull_timeout_s
         self._lock = threading.Lock()
         self._done_recving: set[str] = set()
+        self._wakeups = TransferWakeups(wake_name) if wake_name else None  # tells the engine core a transfer ended
         self._stats_pending: dict[str, dict] = {}   # engine request id: its pull or load stats, until reported
         self._stats_reported: dict[str, dict] = {}  # reported received this step: go to the scheduler with it
         # The store's loads are budgeted by it; without a store nothing reads it, so it is not kept.
@@ -89,8 +92,11 @@ class ConnectorWorker:
         self._failed_block_ids: set[int] = set()
         self.held = HeldTransfers()
         self.progress: LayerProgress | None = None  # producer: transfers read layer by layer while prefilled
+        # where the engine thread reports that progress (through the device's events on an accelerator)
+        self._progress_reports: LayerProgress | DeviceOrderedProgress | None = None
         self._layer_index: dict[str, int] = {}       # layer name: its position in the cache (and on the wire)
         self._slow_step = False                      # fault tests: this step is slowed (KVFaultSettings)
+        self._num_steps = 0
         self.ledger = TransferLedger()
         self.compat: common_pb2.CompatInfo | None = None
         self._paged: PagedKVCache | None = None
@@ -130,6 +136,7 @@ class ConnectorWorker:
     def _serve(self) -> None:
         auth = self._transport.auth
         self.progress = LayerProgress(self._paged.num_layers, self.held)
+        self._progress_reports = ordered_progress(self.progress, self._paged.device)
         if self._store_settings is not None:
             pieces = [(region.num_parts, region.part_nbytes) for region in self._paged.regions()]
             self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, pieces, auth,
@@ -218,6 +225,7 @@ class ConnectorWorker:
                              self._pull_timeout_s)
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
+        self._num_steps += 1  # every step the engine core sends here, with or without a forward
         if self.compute_rate is not None:
             self.compute_rate.on_step(meta.num_scheduled_tokens)
         self._track_layerwise(meta)
@@ -227,36 +235,38 @@ class ConnectorWorker:
             if self.saver is not None:
                 self.saver.submit(send)
             self._hold(send)
-            if self.progress is not None:
-                self.progress.held(send.transfer_id)  # after the hold: a Watch sees one or the other
+            if self._progress_reports is not None:
+                self._progress_reports.held(send.transfer_id)  # after the hold: a Watch sees one or the other
         for recv in meta.recvs:
             (self._layerwise_pool if recv.layerwise else self._pool).submit(self._receive, recv)
         for load in meta.loads:
             self._pool.submit(self._load, load)
 
     def _track_layerwise(self, meta: PDMeshConnectorMetadata) -> None:
-        if self.progress is None:
+        reports = self._progress_reports
+        if reports is None:
             return
         slow = self._transport.kv_faults.slow_prefill_request_prefix
         self._slow_step = bool(slow) and any(step.pdmesh_request_id.startswith(slow) for step in meta.layerwise_steps)
         for transfer_id in meta.layerwise_ended:
-            self.progress.end(transfer_id)
+            reports.end(transfer_id)
         for transfer_id in meta.layerwise_restarted:
-            self.progress.restart(transfer_id)
+            reports.restart(transfer_id)
         for step in meta.layerwise_steps:
-            self.progress.start_step(step.transfer_id, step.pdmesh_request_id, step.block_ids,
-                                     step.num_tokens_before, step.num_tokens_after)
+            reports.start_step(step.transfer_id, step.pdmesh_request_id, step.block_ids,
+                               step.num_tokens_before, step.num_tokens_after)
 
     def layer_saved(self, layer_name: str) -> None:
-        """vLLM wrote this step's KV of a layer (engine thread: a dict lookup when no transfer is layer-wise)."""
-        if self.progress is not None:
-            self.progress.layer_done(self._layer_index[layer_name])
+        """vLLM launched (on the CPU: wrote) this step's KV of a layer (engine thread: a dict lookup
+        when no transfer is layer-wise)."""
+        if self._progress_reports is not None:
+            self._progress_reports.layer_done(self._layer_index[layer_name])
 
     def step_saved(self) -> None:
-        if self.progress is not None:
+        if self._progress_reports is not None:
             if self._slow_step:  # fault tests: a slow prefill, to stop or kill mid-way
                 time.sleep(self._transport.kv_faults.slow_step_s)
-            self.progress.step_done()
+            self._progress_reports.step_done()
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         finished_sending = self.held.take_finished() if self._is_producer else set()
@@ -285,6 +295,7 @@ class ConnectorWorker:
         } if saver else {}) | {
             "kv_blocks_received": total["num_blocks"], "kv_bytes_received": total["num_bytes"],
             "kv_failed_blocks": total["num_failed_blocks"],
+            "engine_worker_steps": self._num_steps,
             "kv_blocks_sent": servicer.num_blocks_sent if servicer else 0,
             "kv_bytes_sent": servicer.num_bytes_sent if servicer else 0,
             "kv_bytes_sent_by_transport": dict(servicer.bytes_sent_by_transport) if servicer else {},
@@ -297,6 +308,8 @@ class ConnectorWorker:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._layerwise_pool.shutdown(wait=True, cancel_futures=True)
         self._checksum_pool.shutdown(wait=True, cancel_futures=True)
+        if isinstance(self._progress_reports, DeviceOrderedProgress):
+            self._progress_reports.close()
         if self.saver is not None:
             self.saver.shutdown()
         if self._server is not None:
@@ -307,6 +320,8 @@ class ConnectorWorker:
             links.close()
         for exporter in self._exporters + self._store_exporters:
             exporter.close()
+        if self._wakeups is not None:
+            self._wakeups.close()
         shutdown_tracing(self._tracer_provider)
 
     def _hold(self, send: SendTask) -> None:
@@ -336,6 +351,12 @@ class ConnectorWorker:
             self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
             self._done_recving.add(task.request_id)
             self._stats_pending[task.request_id] = asdict(stats)
+        self._transfer_finished()
+
+    def _transfer_finished(self) -> None:
+        """A pull or load is in _done_recving: the engine core steps its workers to learn it."""
+        if self._wakeups is not None:
+            self._wakeups.transfer_finished()
 
     def _receive(self, task: RecvTask) -> None:
         """Reads, reports the request received (it can run from the next engine step on), then
@@ -350,6 +371,8 @@ class ConnectorWorker:
                 if task.report_done:
                     self._done_recving.add(task.request_id)
                     self._stats_pending[task.request_id] = asdict(stats)
+            if task.report_done:
+                self._transfer_finished()
         finally:
             self._release(task)
             context.detach(token)

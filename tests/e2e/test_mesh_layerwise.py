@@ -115,6 +115,25 @@ def test_fuzzed_layerwise_decode_requests_stream_or_are_refused(layerwise_cluste
     asyncio.run(_idle(cluster))
 
 
+async def test_decode_waits_for_layerwise_kv_without_stepping_its_workers(layerwise_cluster):
+    """While its request waits for KV that a slowed prefill computes (two steps of SLOW_STEP_S),
+    decode's engine goes to its model workers only at the request's start and end and every 0.1 s
+    (vLLM would every millisecond: about 2,000 round trips)."""
+    cluster = layerwise_cluster
+    before = await asyncio.gather(*(worker_stats(a) for a in cluster.decode_addresses))
+    started = time.monotonic()
+    token_ids, _, last = await generate(cluster.gateway_address,
+                                        make_request(_fresh_prompt(3), max_tokens=MAX_TOKENS, request_id="slow-quiet"))
+    waited = time.monotonic() - started
+    after = await asyncio.gather(*(worker_stats(a) for a in cluster.decode_addresses))
+    worker_steps = sum(a.engine_worker_steps - b.engine_worker_steps for a, b in zip(after, before))
+    quiet_steps = sum(a.engine_quiet_steps - b.engine_quiet_steps for a, b in zip(after, before))
+    assert len(token_ids) == MAX_TOKENS and last.transfer.layerwise and last.transfer.num_blocks > 0
+    assert waited > 2 * SLOW_STEP_S
+    assert worker_steps < 15 * waited + MAX_TOKENS + 10, (worker_steps, quiet_steps)
+    assert quiet_steps > 200 * waited, (worker_steps, quiet_steps)
+
+
 async def test_client_cancelling_mid_prefill_frees_both_sides(layerwise_cluster, tiny_llama_dir):
     cluster = layerwise_cluster
     request = make_request(_fresh_prompt(1), max_tokens=MAX_TOKENS, request_id="slow-cancelled")
