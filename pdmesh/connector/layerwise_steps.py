@@ -14,8 +14,13 @@ from pdmesh.connector.metadata import LayerwiseStep
 class _Prefilling:
     transfer_id: str
     pdmesh_request_id: str
-    num_prompt_tokens: int
+    prompt_token_ids: list[int]
+    extra_key: bytes
     block_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
 
 class LayerwiseSteps:
@@ -24,9 +29,11 @@ class LayerwiseSteps:
         self._restarted: list[str] = []
         self._ended: list[str] = []
 
-    def track(self, request_id: str, transfer_id: str, pdmesh_request_id: str, num_prompt_tokens: int) -> None:
+    def track(self, request_id: str, transfer_id: str, pdmesh_request_id: str, prompt_token_ids: list[int],
+              extra_key: bytes = b"") -> None:
         """A layer-wise request was allocated blocks (again, after a preemption: kept as it is)."""
-        self._prefilling.setdefault(request_id, _Prefilling(transfer_id, pdmesh_request_id, num_prompt_tokens))
+        self._prefilling.setdefault(request_id, _Prefilling(transfer_id, pdmesh_request_id, list(prompt_token_ids),
+                                                            extra_key))
 
     def finish(self, request_id: str, transfer_id: str, held: bool) -> None:
         """The request left the engine (perhaps before it was ever scheduled); held: its blocks are
@@ -73,5 +80,7 @@ class LayerwiseSteps:
     def _step(prefilling: _Prefilling, num_computed_tokens: int, num_scheduled_tokens: int) -> LayerwiseStep:
         before = min(num_computed_tokens, prefilling.num_prompt_tokens)
         after = min(num_computed_tokens + num_scheduled_tokens, prefilling.num_prompt_tokens)
+        completes = after == prefilling.num_prompt_tokens
         return LayerwiseStep(prefilling.transfer_id, prefilling.pdmesh_request_id, list(prefilling.block_ids),
-                             before, after)
+                             before, after, prefilling.prompt_token_ids if completes else None,
+                             prefilling.extra_key if completes else b"")

@@ -68,6 +68,10 @@ class LayerwiseStep:
     block_ids: list[int]    # the request's blocks so far, in token order
     num_tokens_before: int
     num_tokens_after: int
+    # The step that completes the prompt carries it (and its cache salt): once the step is done the
+    # producer publishes the prompt's content hashes and checksums, before the request is held.
+    prompt_token_ids: list[int] | None = None
+    extra_key: bytes = b""
 
 
 @dataclass

@@ -64,7 +64,8 @@ class ConnectorScheduler:
             return
         if params and params.get(kvp.LAYERWISE_TRANSFER_ID):
             self._layerwise.track(request.request_id, str(params[kvp.LAYERWISE_TRANSFER_ID]),
-                                  params.get(kvp.PDMESH_REQUEST_ID, request.request_id), request.num_prompt_tokens)
+                                  params.get(kvp.PDMESH_REQUEST_ID, request.request_id), request.prompt_token_ids,
+                                  _salt(request))
         self._plan_store_load(request, blocks, num_external_tokens)
 
     # ---- producer with a KV store ----

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 
 import numpy as np
@@ -27,7 +27,8 @@ from kvstore.block_hash import chain_block_hashes
 from pdmesh.compat import fingerprint_seed, model_fingerprint, tp_ratio
 from pdmesh.connector.compute_rate import ComputeRate
 from pdmesh.connector.device_progress import DeviceOrderedProgress, ordered_progress
-from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask, StoreLoadTask
+from pdmesh.connector.metadata import (LayerwiseStep, PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask,
+                                      StoreLoadTask)
 from pdmesh.connector.paged_kv import WHOLE, PagedKVCache
 from pdmesh.connector.quiet_steps import TransferWakeups
 from pdmesh.connector.store_agent import StoreAgent
@@ -96,6 +97,7 @@ class ConnectorWorker:
         self._progress_reports: LayerProgress | DeviceOrderedProgress | None = None
         self._layer_index: dict[str, int] = {}       # layer name: its position in the cache (and on the wire)
         self._slow_step = False                      # fault tests: this step is slowed (KVFaultSettings)
+        self._completing: list[LayerwiseStep] = []   # this step completes these layer-wise prompts
         self._num_steps = 0
         self.ledger = TransferLedger()
         self.compat: common_pb2.CompatInfo | None = None
@@ -255,6 +257,10 @@ class ConnectorWorker:
         for step in meta.layerwise_steps:
             reports.start_step(step.transfer_id, step.pdmesh_request_id, step.block_ids,
                                step.num_tokens_before, step.num_tokens_after)
+        # On an accelerator the hold's checksums are what a consumer verifies with: a step's end on
+        # the host is not the device's (pdmesh/connector/device_progress.py).
+        if reports is self.progress:
+            self._completing = [step for step in meta.layerwise_steps if step.prompt_token_ids is not None]
 
     def layer_saved(self, layer_name: str) -> None:
         """vLLM launched (on the CPU: wrote) this step's KV of a layer (engine thread: a dict lookup
@@ -267,6 +273,24 @@ class ConnectorWorker:
             if self._slow_step:  # fault tests: a slow prefill, to stop or kill mid-way
                 time.sleep(self._transport.kv_faults.slow_step_s)
             self._progress_reports.step_done()
+            for step in self._completing:
+                self._checksum_pool.submit(self._publish_written, step, self.progress.restarts(step.transfer_id))
+            self._completing = []
+
+    def _publish_written(self, step: LayerwiseStep, restarts: int) -> None:
+        """The prompt's content hashes and checksums, published for its consumer once computed (off the
+        engine thread). Its blocks are the running request's until the hold: an abort that frees them
+        is known here before the next forward can write them (it ends the transfer in start_tasks),
+        so what was published was computed from the prompt's KV; what a consumer reads after that
+        fails these checksums."""
+        hashes = chain_block_hashes(fingerprint_seed(self.compat), step.prompt_token_ids, self._block_size,
+                                    step.extra_key, include_partial=True)
+        block_ids = tuple(step.block_ids[:len(hashes)])
+        checksums: Future = Future()
+        checksums.set_result(self._paged.block_checksums(list(block_ids)))
+        self.progress.written(step.transfer_id, HeldTransfer(
+            step.transfer_id, block_ids, tuple(hashes), deadline=float("inf"), request_id=step.pdmesh_request_id,
+            checksums=checksums), restarts)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         finished_sending = self.held.take_finished() if self._is_producer else set()

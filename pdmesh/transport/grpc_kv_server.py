@@ -207,8 +207,10 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 raise InvalidRequest("this producer has no layer-wise transfers")
             answer = self._progress.watch(request.transfer_id, request.seen_version,
                                           min(max(request.wait_ms, 0), MAX_WATCH_MS) / 1000)
-            if answer.held:  # what an Open would answer, in this same call
-                transfer, _ = self._open_transfer(request)
+            if answer.held:  # what an Open would answer, in this same call (written, or held by now)
+                written = self._progress.written_transfer(request.transfer_id)
+                transfer = written if written is not None else self._open_transfer(request)[0]
+                _check_indexes(request.transfer_id, transfer, request.block_indexes)
                 opened = self._opened(transfer, list(request.block_indexes), request.transport)
                 answer.checksums[:], answer.block_hashes[:] = opened.checksums, opened.block_hashes
             return answer
@@ -246,11 +248,15 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             raise TransferNotFound(f"KV store export {request.transfer_id!r} was released or expired")
         if transfer is None:
             transfer = self._held.wait_for(request.transfer_id, self._wait_timeout_s)
-        num_blocks = len(transfer.block_ids)
-        bad = [i for i in request.block_indexes if not 0 <= i < num_blocks]
-        if bad:
-            raise InvalidRequest(f"transfer {request.transfer_id}: block indexes {bad} outside [0, {num_blocks})")
+        _check_indexes(request.transfer_id, transfer, request.block_indexes)
         return transfer, exported
+
+
+def _check_indexes(transfer_id: str, transfer: HeldTransfer, block_indexes) -> None:
+    num_blocks = len(transfer.block_ids)
+    bad = [i for i in block_indexes if not 0 <= i < num_blocks]
+    if bad:
+        raise InvalidRequest(f"transfer {transfer_id}: block indexes {bad} outside [0, {num_blocks})")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,11 @@ computed, layer by layer, for consumers that read each layer as soon as it is in
 The engine thread reports progress (a step starts; a layer's KV is written; the step's forward
 is done) with a few integer updates under a lock; consumers long-poll it through the KV port's
 Watch (gRPC threads). Tokens [0, ready) have every layer; tokens [ready, partial) (the step being
-computed) have their first `layers` layers. Once prefill is done the transfer is held
-(pdmesh/transport/held_transfers.py) and leaves this registry.
+computed) have their first `layers` layers. Once the step completing the prompt is done, its
+content hashes and checksums are published (`written`): a consumer can finish reading and
+verifying then, a step before the engine holds the transfer (its blocks are the running request's
+until then, and an early release is applied at the hold). Once held (pdmesh/transport/
+held_transfers.py) the transfer leaves this registry.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from pdmesh.errors import InvalidRequest, TransferNotFound
-from pdmesh.transport.held_transfers import HeldTransfers
+from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.v1 import kv_transfer_pb2
 
 
@@ -28,6 +31,7 @@ class _Progress:
     num_partial_layers: int = 0
     restarts: int = 0
     version: int = 1
+    written: HeldTransfer | None = None  # the whole prompt is in the cache: what its hold will be
 
 
 class LayerProgress:
@@ -64,6 +68,7 @@ class LayerProgress:
                 return
             progress.block_ids, progress.num_ready_tokens, progress.num_partial_tokens = [], 0, 0
             progress.num_partial_layers = 0
+            progress.written = None
             progress.restarts += 1
             progress.version += 1
             if progress in self._in_step:
@@ -90,6 +95,23 @@ class LayerProgress:
                 progress.num_partial_layers = self._num_layers
                 progress.version += 1
             self._in_step = []
+            self._cond.notify_all()
+
+    def restarts(self, transfer_id: str) -> int:
+        """Times the transfer's request was preempted so far (-1: not prefilling)."""
+        with self._cond:
+            progress = self._progress.get(transfer_id)
+            return progress.restarts if progress is not None else -1
+
+    def written(self, transfer_id: str, transfer: HeldTransfer, restarts: int) -> None:
+        """Every layer of the prompt is in the cache, and `transfer` is what its hold will be (content
+        hashes, checksums): published unless the request was preempted or ended since `restarts` was read."""
+        with self._cond:
+            progress = self._progress.get(transfer_id)
+            if progress is None or progress.restarts != restarts:
+                return
+            progress.written = transfer
+            progress.version += 1
             self._cond.notify_all()
 
     def held(self, transfer_id: str) -> None:
@@ -134,6 +156,12 @@ class LayerProgress:
                     return answer
                 self._cond.wait(left)
 
+    def written_transfer(self, transfer_id: str) -> HeldTransfer | None:
+        """The transfer as its hold will be, if its prompt is written and it is not held yet."""
+        with self._cond:
+            progress = self._progress.get(transfer_id)
+            return progress.written if progress is not None else None
+
     def block_ids(self, transfer_id: str, block_indexes: list[int]) -> list[int]:
         """The producer's blocks at those positions of a transfer being prefilled or held (what a
         layer read may read: only that transfer's blocks)."""
@@ -150,6 +178,10 @@ class LayerProgress:
 
     def _answer(self, transfer_id: str) -> kv_transfer_pb2.WatchResponse:
         progress = self._progress.get(transfer_id)
+        if progress is not None and progress.written is not None:  # final, like a held one
+            return kv_transfer_pb2.WatchResponse(version=progress.version, started=True,
+                                                 block_ids=progress.written.block_ids, held=True,
+                                                 restarts=progress.restarts)
         if progress is not None:
             return kv_transfer_pb2.WatchResponse(
                 version=progress.version, started=True, block_ids=progress.block_ids,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pdmesh.config import KVFaultSettings, KVTransportSettings, TelemetrySettings
-from pdmesh.connector.metadata import PDMeshConnectorMetadata, RecvTask, SendTask
+from pdmesh.connector.metadata import LayerwiseStep, PDMeshConnectorMetadata, RecvTask, SendTask
 from pdmesh.connector.worker_side import ConnectorWorker
 from pdmesh.errors import ChecksumMismatch
 
@@ -97,6 +97,33 @@ def test_runs_of_contiguous_blocks_and_kv_split_layouts_move_too(model_dir, no_t
     finally:
         consumer.shutdown()
         producer.shutdown()
+
+
+def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_producer_holds_it(pair):
+    """The consumer reads each layer as it is written and verifies against the checksums published
+    when the last step is done; its release comes before the engine holds the transfer (a step
+    later), and the hold then frees the blocks at once."""
+    producer, consumer, _ = pair
+    step = LayerwiseStep("lw-1", "mesh-1", [5, 2, 7], 0, len(TOKENS), prompt_token_ids=TOKENS)
+    consumer.start_tasks(PDMeshConnectorMetadata(recvs=[RecvTask(
+        request_id="d-1", pdmesh_request_id="mesh-1", transfer_id="lw-1", kv_address=producer._server.address,
+        block_indexes=[0, 1, 2], local_block_ids=[1, 2, 3], token_ids=TOKENS, layerwise=True)]))
+    producer.start_tasks(PDMeshConnectorMetadata(layerwise_steps=[step]))
+    for name in producer.caches:
+        producer.layer_saved(name)
+    producer.step_saved()
+    deadline = time.monotonic() + 10
+    while (received := consumer.get_finished()[1]) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert received == {"d-1"} and consumer.take_failed_block_ids() == set()
+    assert all(_same(consumer, producer, local, remote) for local, remote in [(1, 5), (2, 2), (3, 7)])
+    consumer._layerwise_pool.shutdown(wait=True)  # its release is sent
+    wait_until = time.monotonic() + 5
+    while not producer.held._released_early and time.monotonic() < wait_until:
+        time.sleep(0.01)
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("lw-1", [5, 2, 7], TOKENS,
+                                                                 engine_request_id="p-1")]))
+    assert (producer.held.num_held, producer.get_finished()[0]) == (0, {"p-1"})
 
 
 def test_tokens_that_differ_from_the_producers_are_refused(pair):

@@ -94,3 +94,27 @@ def test_a_preempted_request_restarts_from_no_blocks(progress):
     assert _fields(progress.watch("t1", 0, wait_s=0)) == (True, [], 0, 0, 0, False, 1)
     progress.layer_done(2)  # it is no longer in the running step
     assert progress.watch("t1", 0, wait_s=0).num_partial_layers == 0
+
+
+def test_a_written_prompt_is_final_before_it_is_held(progress):
+    progress.start_step("t1", "r1", [7, 8], 0, 40)
+    progress.step_done()
+    seen = progress.watch("t1", 0, wait_s=0).version
+    written = HeldTransfer("t1", (7, 8), (b"a", b"b"), deadline=float("inf"))
+    threading.Timer(0.05, progress.written, args=("t1", written, 0)).start()
+    answer = progress.watch("t1", seen, wait_s=5)  # the watcher wakes on it
+    assert (answer.held, list(answer.block_ids)) == (True, [7, 8])
+    assert progress.written_transfer("t1") is written
+
+
+@pytest.mark.parametrize("since", ["preempted", "ended"])
+def test_what_was_computed_before_a_preemption_or_an_end_is_not_published(progress, since):
+    progress.start_step("t1", "r1", [7, 8], 0, 40)
+    progress.step_done()
+    restarts = progress.restarts("t1")
+    progress.restart("t1") if since == "preempted" else progress.end("t1")
+    progress.written("t1", HeldTransfer("t1", (7, 8), (b"a", b"b"), deadline=float("inf")), restarts)
+    assert progress.written_transfer("t1") is None
+    if since == "preempted":
+        assert progress.watch("t1", 0, wait_s=0).held is False
+    assert progress.restarts("t1") == (1 if since == "preempted" else -1)

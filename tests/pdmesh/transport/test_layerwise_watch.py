@@ -2,6 +2,8 @@
 engine reports layers, then the held transfer's checksums; a layer-range Pull streams what was
 written of a transfer still being prefilled; ids it does not know are refused."""
 
+from concurrent.futures import Future
+
 import numpy as np
 import pytest
 
@@ -71,3 +73,26 @@ def test_unknown_or_ended_transfers_and_other_layers_are_refused(producer):
     progress.end("t" * 24)
     with pytest.raises(TransferNotFound):
         receiver.watch(address, "t" * 24, 0, 1.0)
+
+
+def test_watch_answers_a_written_prompts_checksums_before_it_is_held_and_a_release_waits_for_the_hold(producer):
+    address, receiver, progress, held = producer
+    progress.start_step("t" * 24, "r1", [7, 3], 0, 64)
+    progress.step_done()
+    written = HeldTransfer("t" * 24, (7, 3), (b"h7", b"h3"), deadline=float("inf"), checksums=_done([55, 66]))
+    progress.written("t" * 24, written, restarts=0)
+    done = receiver.watch(address, "t" * 24, 0, 1.0, block_indexes=[1], transport="shm")
+    assert (done.held, list(done.block_ids), list(done.checksums), list(done.block_hashes)) == (
+        True, [7, 3], [66], [b"h3"])
+    with pytest.raises(InvalidRequest):
+        receiver.watch(address, "t" * 24, 0, 1.0, block_indexes=[2], transport="shm")
+    assert held.release("t" * 24) is False   # the consumer is done before the engine held it
+    held.hold(HeldTransfer("t" * 24, (7, 3), (b"h7", b"h3"), deadline=1e18))
+    progress.held("t" * 24)
+    assert (held.num_held, held.take_finished()) == (0, {"t" * 24})  # freed at the hold
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
