@@ -232,11 +232,12 @@ class ConnectorWorker:
             self.compute_rate.on_step(meta.num_scheduled_tokens)
         self._track_layerwise(meta)
         for send in meta.sends:
-            send.block_hashes = chain_block_hashes(fingerprint_seed(self.compat), send.token_ids, self._block_size,
-                                                   send.extra_key, include_partial=True)
+            written = self._written(send)  # a layer-wise prompt's hashes and checksums, already computed
+            send.block_hashes = list(written.block_hashes) if written is not None else chain_block_hashes(
+                fingerprint_seed(self.compat), send.token_ids, self._block_size, send.extra_key, include_partial=True)
             if self.saver is not None:
                 self.saver.submit(send)
-            self._hold(send)
+            self._hold(send, written.checksums if written is not None else None)
             if self._progress_reports is not None:
                 self._progress_reports.held(send.transfer_id)  # after the hold: a Watch sees one or the other
         for recv in meta.recvs:
@@ -348,9 +349,13 @@ class ConnectorWorker:
             self._wakeups.close()
         shutdown_tracing(self._tracer_provider)
 
-    def _hold(self, send: SendTask) -> None:
-        checksums = (self._checksum_pool.submit(self._paged.block_checksums, list(send.block_ids))
-                     if self._exporters else None)
+    def _written(self, send: SendTask) -> HeldTransfer | None:
+        written = self.progress.written_transfer(send.transfer_id) if self.progress is not None else None
+        return written if written is not None and written.block_ids == tuple(send.block_ids) else None
+
+    def _hold(self, send: SendTask, checksums: Future | None = None) -> None:
+        if checksums is None and self._exporters:
+            checksums = self._checksum_pool.submit(self._paged.block_checksums, list(send.block_ids))
         self.held.hold(HeldTransfer(send.transfer_id, tuple(send.block_ids), tuple(send.block_hashes),
                                     deadline=time.monotonic() + self._hold_timeout_s,
                                     request_id=send.pdmesh_request_id, engine_request_id=send.engine_request_id,
