@@ -80,6 +80,9 @@ SYSTEMS: dict[str, System] = {
     "pdmesh": System("pdmesh", "pdmesh", description="pdmesh 1P (core 0) + 1D (core 1), defaults (KV store on)"),
     "pdmesh-nostore": System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",),
                              description="pdmesh 1P + 1D, KV store off"),
+    "pdmesh-noquiet": System("pdmesh-noquiet", "pdmesh", worker_args=("--no-kv_quiet_steps",),
+                             description="pdmesh 1P + 1D, engines step their workers while requests wait for KV "
+                                         "(vLLM's way; before kv_quiet_steps)"),
     "pdmesh-gil0.5ms": System("pdmesh-gil0.5ms", "pdmesh", worker_args=("--kv_gil_switch_interval_s", "0.0005"),
                               description="pdmesh 1P + 1D, a 0.5 ms GIL switch interval in the engines' workers"),
     "pdmesh-cond": System("pdmesh-cond", "pdmesh", gateway_args=("--disagg_policy", "conditional"),

@@ -223,8 +223,8 @@ class WorkerSettings(_LayeredSettings):
     # which the layer-wise flow makes as long as prefill (pdmesh/connector/quiet_steps.py).
     kv_quiet_steps: bool = True
     # Cores the worker's own processes (its API server, vLLM's engine core) run on, e.g. "1" or "2-3"; "": any.
-    # A local cluster keeps a decode worker's on its engine's core: the engine loop that a request waiting
-    # for layer-wise KV keeps stepping then does not take prefill's core (bench/REPORT.md, layer-wise flow).
+    # A local cluster keeps a decode worker's on its engine's core: vLLM's queues between them busy-poll for a
+    # second after each step, which then does not take prefill's core (bench/REPORT.md, layer-wise flow).
     process_cpus: str = ""
     advertise_host: str | None = None  # how gateways reach this worker (registry record); default host
     ready_file: Path | None = None     # written with {"address": ...} once serving
