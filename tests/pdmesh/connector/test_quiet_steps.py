@@ -71,11 +71,11 @@ def test_a_step_with_anything_to_do_goes_to_the_workers(quiet, scheduler, has_wo
 
 
 def test_a_quiet_engine_still_goes_to_its_workers_every_max_quiet_s(name):
-    quiet = QuietSteps(name, max_quiet_s=0.05)
+    quiet = QuietSteps(name, max_quiet_s=0.5)
     try:
         scheduler = _scheduler(WAITING_FOR_KV)
         assert quiet.skip(scheduler, False) is True
-        time.sleep(0.06)
+        time.sleep(0.6)
         assert [quiet.skip(scheduler, False), quiet.skip(scheduler, False)] == [False, True]
     finally:
         quiet.close()
