@@ -66,8 +66,11 @@ class PDMeshConnector(KVConnectorBase_V1):
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{advertise_port}", lookup,
                                                  tp_size=tp_size)
             if extra.get("wake_name"):  # steps skip the workers while every request waits for KV
-                self._quiet = QuietSteps(str(extra["wake_name"]))
-                install_quiet_steps()
+                try:
+                    self._quiet = QuietSteps(str(extra["wake_name"]))
+                    install_quiet_steps()
+                except OSError as exc:  # no abstract unix sockets here: every step goes to the workers
+                    logger.warning("engine steps will not skip the workers while requests wait for KV: %s", exc)
         else:
             if extra.get("gil_switch_interval_s"):  # the KV threads' GIL handoffs (pdmesh/config.py)
                 sys.setswitchinterval(float(extra["gil_switch_interval_s"]))
@@ -104,6 +107,11 @@ class PDMeshConnector(KVConnectorBase_V1):
         (and start pulls and store loads) a whole forward late."""
         super().bind_connector_metadata(connector_metadata)
         self.worker.start_tasks(connector_metadata)
+
+    def handle_preemptions(self, kv_connector_metadata: PDMeshConnectorMetadata) -> None:
+        """vLLM calls this before it updates its batch, which may already write newly allocated
+        blocks (zeroing them): layer-wise transfers whose blocks were freed end here, first."""
+        self.worker.end_freed_transfers(kv_connector_metadata)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         return None  # started in bind_connector_metadata

@@ -14,6 +14,7 @@ previous step's end.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from typing import Protocol
 import torch
 
 from pdmesh.transport.layer_progress import LayerProgress
+
+logger = logging.getLogger(__name__)
 
 
 class DeviceEvent(Protocol):
@@ -35,6 +38,11 @@ def device_events(device: str) -> Callable[[], DeviceEvent] | None:
     where = torch.device(device)
     if where.type == "cpu":
         return None
+    # The device module's own event (torch.cuda.Event, torch.npu.Event) can block: its synchronize
+    # sleeps instead of spinning a core (torch.Event ignores `blocking`).
+    device_event = getattr(getattr(torch, where.type, None), "Event", None)
+    if device_event is not None:
+        return lambda: device_event(blocking=True)
     return lambda: torch.Event(device=where)
 
 
@@ -91,9 +99,12 @@ class DeviceOrderedProgress:
     def _apply_in_order(self) -> None:
         while (item := self._queue.get()) is not None:
             event, report, args = item
-            if event is not None:
-                event.synchronize()
-            report(*args)
+            try:
+                if event is not None:
+                    event.synchronize()
+                report(*args)
+            except Exception:  # noqa: BLE001 - the later reports still apply (held, end)
+                logger.exception("layer-wise progress report %s failed", report.__name__)
 
     @property
     def num_pending(self) -> int:

@@ -80,7 +80,7 @@ class LayerwiseSteps:
     def _step(prefilling: _Prefilling, num_computed_tokens: int, num_scheduled_tokens: int) -> LayerwiseStep:
         before = min(num_computed_tokens, prefilling.num_prompt_tokens)
         after = min(num_computed_tokens + num_scheduled_tokens, prefilling.num_prompt_tokens)
-        completes = after == prefilling.num_prompt_tokens
+        completes = before < after == prefilling.num_prompt_tokens  # this step computes its last tokens
         return LayerwiseStep(prefilling.transfer_id, prefilling.pdmesh_request_id, list(prefilling.block_ids),
                              before, after, prefilling.prompt_token_ids if completes else None,
                              prefilling.extra_key if completes else b"")

@@ -98,6 +98,7 @@ class ConnectorWorker:
         self._layer_index: dict[str, int] = {}       # layer name: its position in the cache (and on the wire)
         self._slow_step = False                      # fault tests: this step is slowed (KVFaultSettings)
         self._completing: list[LayerwiseStep] = []   # this step completes these layer-wise prompts
+        self._ends_applied_for: PDMeshConnectorMetadata | None = None  # the step whose ends were applied
         self._num_steps = 0
         self.ledger = TransferLedger()
         self.compat: common_pb2.CompatInfo | None = None
@@ -245,16 +246,26 @@ class ConnectorWorker:
         for load in meta.loads:
             self._pool.submit(self._load, load)
 
+    def end_freed_transfers(self, meta: PDMeshConnectorMetadata) -> None:
+        """Layer-wise transfers whose request ended unheld or was preempted: their blocks are freed, and
+        nothing read or computed of them from here on is published (before vLLM's batch update,
+        which may write the blocks; start_tasks does it when vLLM does not call this)."""
+        reports = self._progress_reports
+        if reports is None or meta is self._ends_applied_for:
+            return
+        self._ends_applied_for = meta
+        for transfer_id in meta.layerwise_ended:
+            reports.end(transfer_id)
+        for transfer_id in meta.layerwise_restarted:
+            reports.restart(transfer_id)
+
     def _track_layerwise(self, meta: PDMeshConnectorMetadata) -> None:
         reports = self._progress_reports
         if reports is None:
             return
         slow = self._transport.kv_faults.slow_prefill_request_prefix
         self._slow_step = bool(slow) and any(step.pdmesh_request_id.startswith(slow) for step in meta.layerwise_steps)
-        for transfer_id in meta.layerwise_ended:
-            reports.end(transfer_id)
-        for transfer_id in meta.layerwise_restarted:
-            reports.restart(transfer_id)
+        self.end_freed_transfers(meta)
         for step in meta.layerwise_steps:
             reports.start_step(step.transfer_id, step.pdmesh_request_id, step.block_ids,
                                step.num_tokens_before, step.num_tokens_after)
@@ -281,9 +292,9 @@ class ConnectorWorker:
     def _publish_written(self, step: LayerwiseStep, restarts: int) -> None:
         """The prompt's content hashes and checksums, published for its consumer once computed (off the
         engine thread). Its blocks are the running request's until the hold: an abort that frees them
-        is known here before the next forward can write them (it ends the transfer in start_tasks),
-        so what was published was computed from the prompt's KV; what a consumer reads after that
-        fails these checksums."""
+        ends the transfer before the next step can write them (end_freed_transfers, before vLLM's
+        batch update), so what was published was computed from the prompt's KV; what a consumer
+        reads after that fails these checksums."""
         hashes = chain_block_hashes(fingerprint_seed(self.compat), step.prompt_token_ids, self._block_size,
                                     step.extra_key, include_partial=True)
         block_ids = tuple(step.block_ids[:len(hashes)])

@@ -205,10 +205,9 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             check_readable(self._compat, request.compat)
             if self._progress is None:
                 raise InvalidRequest("this producer has no layer-wise transfers")
-            answer = self._progress.watch(request.transfer_id, request.seen_version,
-                                          min(max(request.wait_ms, 0), MAX_WATCH_MS) / 1000)
-            if answer.held:  # what an Open would answer, in this same call (written, or held by now)
-                written = self._progress.written_transfer(request.transfer_id)
+            answer, written = self._progress.watch_written(request.transfer_id, request.seen_version,
+                                                           min(max(request.wait_ms, 0), MAX_WATCH_MS) / 1000)
+            if answer.held:  # what an Open would answer, in this same call (written, or held)
                 transfer = written if written is not None else self._open_transfer(request)[0]
                 _check_indexes(request.transfer_id, transfer, request.block_indexes)
                 opened = self._opened(transfer, list(request.block_indexes), request.transport)

@@ -147,13 +147,19 @@ class LayerProgress:
     # ---- gRPC threads ----
     def watch(self, transfer_id: str, seen_version: int, wait_s: float) -> kv_transfer_pb2.WatchResponse:
         """The transfer's progress once its version passes seen_version (or after wait_s, as it is)."""
+        return self.watch_written(transfer_id, seen_version, wait_s)[0]
+
+    def watch_written(self, transfer_id: str, seen_version: int,
+                      wait_s: float) -> tuple[kv_transfer_pb2.WatchResponse, HeldTransfer | None]:
+        """watch(), and the written transfer that answer is final with (None: not written, or held)."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while True:
                 answer = self._answer(transfer_id)
                 left = deadline - time.monotonic()
                 if answer.version > seen_version or answer.held or left <= 0:
-                    return answer
+                    progress = self._progress.get(transfer_id)
+                    return answer, progress.written if progress is not None else None
                 self._cond.wait(left)
 
     def written_transfer(self, transfer_id: str) -> HeldTransfer | None:

@@ -153,3 +153,16 @@ def test_on_cuda_a_read_does_not_wait_for_the_compute_stream():
     assert not torch.cuda.current_stream().query()  # read and back while the compute stream still runs
     assert torch.equal(rows[0], want)
     torch.cuda.synchronize()
+
+
+def test_a_report_that_fails_does_not_stop_the_ones_after_it(progress, events, caplog):
+    reports = DeviceOrderedProgress(progress, lambda: _FakeEvent(events))
+    try:
+        reports.start_step("t1", "r1", [7], 0, 16)
+        reports._queue.put((None, progress.restart, ()))  # a report whose call fails (no transfer id)
+        reports.layer_done(0)
+        events[0].complete()
+        assert _settled(reports, progress, (0, 16, 1)) == (0, 16, 1)
+        assert "restart failed" in caplog.text
+    finally:
+        reports.close()

@@ -14,7 +14,7 @@ import torch
 from pdmesh.config import KVFaultSettings, KVTransportSettings, TelemetrySettings
 from pdmesh.connector.metadata import LayerwiseStep, PDMeshConnectorMetadata, RecvTask, SendTask
 from pdmesh.connector.worker_side import ConnectorWorker
-from pdmesh.errors import ChecksumMismatch
+from pdmesh.errors import ChecksumMismatch, TransferNotFound
 
 BLOCK_SIZE, NUM_BLOCKS = 32, 8
 TOKENS = list(range(3, 3 + 80))  # 3 blocks, the last one partial
@@ -124,6 +124,23 @@ def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_produce
     producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("lw-1", [5, 2, 7], TOKENS,
                                                                  engine_request_id="p-1")]))
     assert (producer.held.num_held, producer.get_finished()[0]) == (0, {"p-1"})
+
+
+def test_a_layerwise_transfer_freed_before_vllms_batch_update_publishes_nothing(model_dir, no_thread_leak):
+    """vLLM's handle_preemptions (before its batch update, which may zero newly allocated blocks)
+    ends the transfers whose blocks were freed: a checksum job that finishes after it is dropped."""
+    producer = _worker(model_dir, True, "grpc")
+    try:
+        step = LayerwiseStep("lw-2", "mesh-2", [5, 2, 7], 0, len(TOKENS), prompt_token_ids=TOKENS)
+        producer.start_tasks(PDMeshConnectorMetadata(layerwise_steps=[step]))
+        restarts = producer.progress.restarts("lw-2")
+        producer.end_freed_transfers(PDMeshConnectorMetadata(layerwise_ended=["lw-2"]))
+        producer._publish_written(step, restarts)  # the job, finishing late
+        assert producer.progress.written_transfer("lw-2") is None
+        with pytest.raises(TransferNotFound):
+            producer.progress.watch("lw-2", 0, wait_s=0)
+    finally:
+        producer.shutdown()
 
 
 def test_tokens_that_differ_from_the_producers_are_refused(pair):
