@@ -33,8 +33,8 @@ class DeviceEvent(Protocol):
 
 
 def device_events(device: str) -> Callable[[], DeviceEvent] | None:
-    """A new event on `device` per call (torch.Event: CUDA, and NPUs through torch_npu), or None
-    on the CPU, where a layer is written when its call returns."""
+    """A new event on `device` per call (the device module's: torch.cuda, torch_npu's torch.npu; else
+    torch.Event), or None on the CPU, where a layer is written when its call returns."""
     where = torch.device(device)
     if where.type == "cpu":
         return None
@@ -105,11 +105,6 @@ class DeviceOrderedProgress:
                 report(*args)
             except Exception:  # noqa: BLE001 - the later reports still apply (held, end)
                 logger.exception("layer-wise progress report %s failed", report.__name__)
-
-    @property
-    def num_pending(self) -> int:
-        """Reports not applied yet (tests)."""
-        return self._queue.qsize()
 
 
 def ordered_progress(progress: LayerProgress, device: str) -> LayerProgress | DeviceOrderedProgress:

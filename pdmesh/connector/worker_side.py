@@ -234,8 +234,8 @@ class ConnectorWorker:
         self._track_layerwise(meta)
         for send in meta.sends:
             written = self._written(send)  # a layer-wise prompt's hashes and checksums, already computed
-            send.block_hashes = list(written.block_hashes) if written is not None else chain_block_hashes(
-                fingerprint_seed(self.compat), send.token_ids, self._block_size, send.extra_key, include_partial=True)
+            send.block_hashes = (list(written.block_hashes) if written is not None
+                                 else self._block_hashes(send.token_ids, send.extra_key))
             if self.saver is not None:
                 self.saver.submit(send)
             self._hold(send, written.checksums if written is not None else None)
@@ -295,8 +295,7 @@ class ConnectorWorker:
         ends the transfer before the next step can write them (end_freed_transfers, before vLLM's
         batch update), so what was published was computed from the prompt's KV; what a consumer
         reads after that fails these checksums."""
-        hashes = chain_block_hashes(fingerprint_seed(self.compat), step.prompt_token_ids, self._block_size,
-                                    step.extra_key, include_partial=True)
+        hashes = self._block_hashes(step.prompt_token_ids, step.extra_key)
         block_ids = tuple(step.block_ids[:len(hashes)])
         checksums: Future = Future()
         checksums.set_result(self._paged.block_checksums(list(block_ids)))
@@ -359,6 +358,11 @@ class ConnectorWorker:
         if self._wakeups is not None:
             self._wakeups.close()
         shutdown_tracing(self._tracer_provider)
+
+    def _block_hashes(self, token_ids: list[int], extra_key: bytes) -> list[bytes]:
+        """The chained content hashes of the blocks holding token_ids (the partial last one too)."""
+        return chain_block_hashes(fingerprint_seed(self.compat), token_ids, self._block_size, extra_key,
+                                  include_partial=True)
 
     def _written(self, send: SendTask) -> HeldTransfer | None:
         written = self.progress.written_transfer(send.transfer_id) if self.progress is not None else None
@@ -452,8 +456,7 @@ class ConnectorWorker:
         agreed with that rank; counts into `stats` as blocks land on every rank's share, so a failure
         part-way keeps the prefix that arrived whole (the ranks after a failed one read only up to
         it), then raises the first failure. Returns the transport."""
-        expected = _LazyHashes(lambda: chain_block_hashes(fingerprint_seed(self.compat), task.token_ids,
-                                                          self._block_size, task.extra_key, include_partial=True))
+        expected = _LazyHashes(lambda: self._block_hashes(task.token_ids, task.extra_key))
         started = time.perf_counter()
         num_whole, failure, transports = len(task.block_indexes), None, []
         timing = LayerwiseTiming() if task.layerwise else None

@@ -208,8 +208,9 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             answer, written = self._progress.watch_written(request.transfer_id, request.seen_version,
                                                            min(max(request.wait_ms, 0), MAX_WATCH_MS) / 1000)
             if answer.held:  # what an Open would answer, in this same call (written, or held)
+                if written is not None:
+                    _check_indexes(request.transfer_id, written, request.block_indexes)
                 transfer = written if written is not None else self._open_transfer(request)[0]
-                _check_indexes(request.transfer_id, transfer, request.block_indexes)
                 opened = self._opened(transfer, list(request.block_indexes), request.transport)
                 answer.checksums[:], answer.block_hashes[:] = opened.checksums, opened.block_hashes
             return answer
