@@ -76,6 +76,8 @@ class RunState:
     prefill: Worker | None = None     # of the latest attempt (None when it prefilled locally)
     decode: Worker | None = None
     decision: Decision | None = None  # of the latest attempt: remote or local prefill, and why
+    prefill_seconds: float = 0.0      # the latest attempt's Prefill call, sent to answered
+    handoff_seconds: float = 0.0      # from that answer to decode's first token (< 0: the token came first)
 
     def record_prefill(self, response: worker_pb2.PrefillResponse) -> None:
         self.first_prefill = self.first_prefill or response
@@ -144,6 +146,8 @@ class RequestRun:
         transfer.seconds_before_prefill_done = chunk.kv_seconds_before_prefill_done
         transfer.seconds_after_prefill_done = chunk.kv_seconds_after_prefill_done
         transfer.overlap_ratio = chunk.kv_overlap_ratio
+        transfer.prefill_seconds = state.prefill_seconds
+        transfer.handoff_seconds = state.handoff_seconds
         return response
 
     async def _chunks(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
@@ -235,8 +239,9 @@ class RequestRun:
             finally:
                 call.cancel()  # no-op once done; a cancelled request aborts the prefill
                 costs.queued_tokens[prefill.address] -= num_to_compute
-        costs.observe_prefill(response.num_computed_tokens, time.monotonic() - started, queued_before)
         self._prefilled_at = time.monotonic()
+        self.state.prefill_seconds = self._prefilled_at - started
+        costs.observe_prefill(response.num_computed_tokens, self.state.prefill_seconds, queued_before)
         return response
 
     async def _local_chunks(self, decode: Worker, prompt: list[int]) -> AsyncIterator[worker_pb2.DecodeResponse]:
@@ -283,7 +288,8 @@ class RequestRun:
         async for chunk in self._decode_call(decode, request):
             if not handed_off and chunk.token_ids:
                 handed_off = True
-                self._disagg.costs.observe_handoff(time.monotonic() - self._prefilled_at)
+                self.state.handoff_seconds = time.monotonic() - self._prefilled_at
+                self._disagg.costs.observe_handoff(self.state.handoff_seconds)
             yield chunk
 
     async def _layerwise_chunks(self, prefill: Worker, decode: Worker,
@@ -297,21 +303,36 @@ class RequestRun:
                                            sampling=self._sampling(len(prompt) - len(self.request.prompt_token_ids)),
                                            kv=handle, cache_salt=self.request.cache_salt)
         prefilling = asyncio.ensure_future(self._prefill(prefill, prompt, handle.transfer_id))
-        finished, handed_off = False, False
+        finished, first_token_at = False, None
         try:
             async for chunk in until_prefill_fails(self._decode_call(decode, request), prefilling):
-                if not handed_off and chunk.token_ids and prefilling.done():
-                    handed_off = True
-                    self._disagg.costs.observe_handoff(time.monotonic() - self._prefilled_at)
+                if first_token_at is None and chunk.token_ids:
+                    first_token_at = time.monotonic()
+                    if prefilling.done():
+                        self._disagg.costs.observe_handoff(first_token_at - self._prefilled_at)
+                if chunk.finish_reason:
+                    if not prefilling.done() and chunk.token_ids:  # the tokens now, the figures once prefill answers
+                        yield worker_pb2.DecodeResponse(token_ids=chunk.token_ids, text=chunk.text)
+                        chunk.ClearField("token_ids")
+                        chunk.ClearField("text")
+                    await self._record_layerwise_prefill(prefilling, first_token_at)
                 finished = finished or bool(chunk.finish_reason)
                 yield chunk
-            if prefilling.done() and not prefilling.cancelled() and prefilling.exception() is None:
-                self.state.record_prefill(prefilling.result())
         finally:
             if not prefilling.done():
                 prefilling.cancel()   # the prefill request is aborted, its blocks freed
             if not finished:
                 self._pool.release_kv_soon(prefill, handle)   # decode may never have read it
+
+    async def _record_layerwise_prefill(self, prefilling: asyncio.Future, first_token_at: float | None) -> None:
+        """Prefill's figures for the last message. Decode can finish before prefill's answer arrives
+        (it reads the KV once the last step is done; prefill answers a step later): wait for it."""
+        await asyncio.wait({prefilling}, timeout=self._time_left())
+        if not prefilling.done() or prefilling.cancelled() or prefilling.exception() is not None:
+            return   # every token is out: a late prefill failure costs the figures only
+        self.state.record_prefill(prefilling.result())
+        if first_token_at is not None:
+            self.state.handoff_seconds = first_token_at - self._prefilled_at
 
     async def _decode_call(self, decode: Worker,
                            request: worker_pb2.DecodeRequest) -> AsyncIterator[worker_pb2.DecodeResponse]:

@@ -56,7 +56,11 @@ async def test_layerwise_tokens_equal_monolithic(layerwise_cluster, reference):
         token_ids, _, last = await generate(layerwise_cluster.gateway_address,
                                             make_request(prompt, max_tokens=MAX_TOKENS, request_id=f"plain-{i}"))
         assert token_ids == want[i]
-        assert last.transfer.layerwise and last.transfer.num_blocks > 0
+        transfer = last.transfer
+        assert transfer.layerwise and transfer.num_blocks > 0
+        # prefill's figures reach the last message though decode may finish before prefill answers
+        assert transfer.prefill_computed_tokens + transfer.prefill_cached_tokens == len(prompt)
+        assert transfer.prefill_computed_tokens > 0 and transfer.prefill_seconds > 0
 
 
 async def test_a_layerwise_transfer_id_used_before_is_refused_by_prefill(layerwise_cluster):

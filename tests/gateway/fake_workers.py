@@ -36,6 +36,8 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.released: list[str] = []  # prefill: transfer ids the gateway released
         self.layerwise_prefill: FakeWorker | None = None  # decode: the prefill a layer-wise request waits on
         self.decode_status: tuple | None = None  # decode: aborts every call with these context.abort arguments
+        self.prefill_delay_s = 0.0   # prefill: answers after this long
+        self.finish_with_last_token = False  # decode: the last token and the finish in one message (as vLLM's)
         self.num_info_calls = 0
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
@@ -52,6 +54,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         if self.fail_prefill:
             await asyncio.sleep(0.2)  # decode is waiting for the KV meanwhile
             await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill engine died")
+        await asyncio.sleep(self.prefill_delay_s)
         self.prefilled.set()
         return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
             transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
@@ -74,9 +77,16 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             except asyncio.CancelledError:
                 self.num_cancelled += 1
                 raise
-        for i, token_id in enumerate(request.prompt_token_ids[:request.sampling.max_tokens]):
+        token_ids = request.prompt_token_ids[:request.sampling.max_tokens]
+        last = len(token_ids) - 1 if self.finish_with_last_token else None
+        for i, token_id in enumerate(token_ids):
             if i == self.fail_after:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died mid-stream")
-            yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
-        yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,
-                                        num_cached_tokens=len(request.prompt_token_ids))
+            if i != last:
+                yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
+        finish = worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,
+                                           num_cached_tokens=len(request.prompt_token_ids))
+        if last is not None:
+            finish.token_ids.append(token_ids[last])
+            finish.text = f"<{token_ids[last]}>"
+        yield finish

@@ -1,12 +1,14 @@
 """Failover, admission and limits of the gateway against in-process fake workers (the real-process
 version, with SIGKILLed workers, is tests/e2e/test_gateway_users.py)."""
 
+import time
+
 import aiohttp
 import grpc
 import pytest
 
 from gateway.server import Gateway
-from pdmesh.client import generate, make_request
+from pdmesh.client import generate, make_request, stream_generate
 from pdmesh.config import GatewaySettings
 from pdmesh.grpc_errors import _abort_args
 from tests.gateway.fake_workers import FakeWorker
@@ -172,3 +174,32 @@ async def test_layerwise_prefill_failing_cancels_the_waiting_decode_and_retries_
     assert second.kv.transfer_id == healthy.requests[0].layerwise_transfer_id != first.kv.transfer_id
     assert len(first.kv.transfer_id) >= 24 and not first.kv.block_ids and first.kv.num_tokens == 3
     assert dying.released == [first.kv.transfer_id]  # nothing left pinned on it, were it alive
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3])
+async def test_layerwise_tokens_stream_before_prefill_answers_and_the_last_message_has_its_figures(
+        tiny_llama_dir, max_tokens):
+    """Layer-wise decode can finish (its KV read once prefill's last step is done) before prefill's
+    answer reaches the gateway: the tokens go out at once, and the last message waits for prefill's
+    figures (computed tokens, its call's time, the handoff: < 0 here, the token came first)."""
+    prefill, decode = FakeWorker("prefill"), FakeWorker("decode")
+    prefill.prefill_delay_s, decode.finish_with_last_token = 0.3, True
+    prefill_address = await prefill.server.start("127.0.0.1", 0)
+    decode_address = await decode.server.start("127.0.0.1", 0)
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
+                                      tokenizer=str(tiny_llama_dir), kv_flow="layerwise"))
+    address = await gateway.start()
+    arrivals = []
+    try:
+        started = time.monotonic()
+        async for response in stream_generate(address, make_request([5, 7, 9], max_tokens=max_tokens)):
+            arrivals.append((time.monotonic() - started, list(response.token_ids), response))
+    finally:
+        await _stop(gateway, [prefill, decode])
+    *token_messages, (finished_at, last_ids, last) = arrivals
+    assert [ids for _, ids, _ in token_messages] == [[5], [7], [9]][:max_tokens] and last_ids == []
+    assert token_messages[-1][0] < 0.25 <= finished_at
+    transfer = last.transfer
+    assert (last.usage.completion_tokens, transfer.prefill_computed_tokens, transfer.layerwise) == (max_tokens, 3,
+                                                                                                     False)
+    assert transfer.prefill_seconds >= 0.3 and -0.35 < transfer.handoff_seconds < -0.2

@@ -48,6 +48,13 @@ async def test_request_flows_prefill_then_decode_with_the_same_ids(mesh):
     assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (3, 2, 5)
 
 
+async def test_the_last_message_times_the_prefill_call_and_the_handoff_after_it(mesh):
+    address, prefill, _ = mesh
+    prefill.prefill_delay_s = 0.2
+    _, _, last = await generate(address, make_request([0, 7, 9], max_tokens=2))
+    assert last.transfer.prefill_seconds >= 0.2 and 0 < last.transfer.handoff_seconds < last.transfer.prefill_seconds
+
+
 async def test_text_prompt_is_tokenized_with_the_models_tokenizer(mesh):
     address, prefill, _ = mesh
     await generate(address, make_request("Hello world", max_tokens=1))
