@@ -39,6 +39,7 @@ from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2, worker_pb2_grpc
 logger = logging.getLogger(__name__)
 PREFILL_METHOD = "/pdmesh.v1.Prefill/Prefill"
 DECODE_METHOD = "/pdmesh.v1.Decode/Decode"
+LAYERWISE_PREFILL_GRACE_S = 1.0  # layer-wise: the last message waits this long for prefill's answer
 
 # Errors after which another worker may succeed; anything else is the request's own fault.
 RETRYABLE = (errors.WorkerFailed, errors.TransferNotFound, errors.ChecksumMismatch, errors.BlockHashMismatch)
@@ -326,10 +327,11 @@ class RequestRun:
 
     async def _record_layerwise_prefill(self, prefilling: asyncio.Future, first_token_at: float | None) -> None:
         """Prefill's figures for the last message. Decode can finish before prefill's answer arrives
-        (it reads the KV once the last step is done; prefill answers a step later): wait for it."""
-        await asyncio.wait({prefilling}, timeout=self._time_left())
+        (it reads the KV once the last step is done; prefill answers a step later): wait for it a
+        moment, no longer (a stalled prefill that decode gave up on and computed without)."""
+        await asyncio.wait({prefilling}, timeout=min(LAYERWISE_PREFILL_GRACE_S, self._time_left()))
         if not prefilling.done() or prefilling.cancelled() or prefilling.exception() is not None:
-            return   # every token is out: a late prefill failure costs the figures only
+            return   # every token is out: a late or failed prefill costs the figures only
         self.state.record_prefill(prefilling.result())
         if first_token_at is not None:
             self.state.handoff_seconds = first_token_at - self._prefilled_at

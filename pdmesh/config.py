@@ -178,6 +178,7 @@ class KVTransportSettings(BaseModel):
     mesh_token: str | None = None
     kv_tls: TlsSettings = Field(default_factory=TlsSettings)
     kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
+    layerwise_read_bytes: int = 4 << 20
 
     def allows(self, transport: str) -> bool:
         return self.kv_transport in ("auto", transport)
@@ -222,6 +223,11 @@ class WorkerSettings(_LayeredSettings):
     # (the workers say when one has): vLLM would step them once a millisecond for as long as a request waits,
     # which the layer-wise flow makes as long as prefill (pdmesh/connector/quiet_steps.py).
     kv_quiet_steps: bool = True
+    # Layer-wise flow, producer: a step's newly written layers are announced to the consumer (a Watch
+    # answer, a round trip on this worker's cores while it computes) once they hold this many bytes, or
+    # when the step is done. Layer by layer where one layer of a step's KV is this large; smaller layers
+    # cost more to announce than reading them early hides (bench/REPORT.md, layer-wise flow). 0: every layer.
+    layerwise_read_bytes: int = 4 << 20
     # Cores the worker's own processes (its API server, vLLM's engine core) run on, e.g. "1" or "2-3"; "": any.
     # A local cluster keeps a decode worker's on its engine's core: vLLM's queues between them busy-poll for a
     # second after each step, which then does not take prefill's core (bench/REPORT.md, layer-wise flow).

@@ -107,21 +107,36 @@ def _all_wait_for_kv(scheduler: Any) -> bool:
     return all(request.status == RequestStatus.WAITING_FOR_REMOTE_KVS for request in requests.values())
 
 
-def install_quiet_steps() -> None:
-    """Wraps `EngineCore.step` (idempotent; called in the engine core process before the engine
-    binds its step function): a step the engine's PDMeshConnector says is quiet returns at once."""
-    from vllm.v1.engine.core import EngineCore
+def install_quiet_steps(engine_core_class: type | None = None) -> None:
+    """Wraps `EngineCore.step` and `EngineCore.step_with_batch_queue` (async scheduling, the default
+    on CUDA and NPU; idempotent; called in the engine core process before the engine binds its step
+    function): a step the engine's PDMeshConnector says is quiet returns at once. With a batch queue
+    only while no batch is in flight (its outputs must still be collected). `engine_core_class`:
+    vLLM's EngineCore unless given (tests)."""
+    if engine_core_class is None:
+        from vllm.v1.engine.core import EngineCore as engine_core_class
 
-    if getattr(EngineCore.step, "_pdmesh_quiet", False):
+    if getattr(engine_core_class.step, "_pdmesh_quiet", False):
         return
-    step_with_workers = EngineCore.step
+    step_with_workers = engine_core_class.step
+    step_with_batch_queue = engine_core_class.step_with_batch_queue
 
     def step(self):
-        connector = self.scheduler.get_kv_connector()
-        quiet = getattr(connector, "quiet_step", None)
-        if quiet is not None and quiet(self.scheduler):
+        if _quiet(self):
             return {}, False
         return step_with_workers(self)
 
-    step._pdmesh_quiet = True
-    EngineCore.step = step
+    def step_queued(self):
+        if not self.batch_queue and _quiet(self):
+            return None, False
+        return step_with_batch_queue(self)
+
+    step._pdmesh_quiet = step_queued._pdmesh_quiet = True
+    engine_core_class.step = step
+    engine_core_class.step_with_batch_queue = step_queued
+
+
+def _quiet(engine_core: Any) -> bool:
+    connector = engine_core.scheduler.get_kv_connector()
+    quiet = getattr(connector, "quiet_step", None)
+    return quiet is not None and quiet(engine_core.scheduler)

@@ -110,9 +110,10 @@ class ConnectorWorker:
         self._links: dict[tuple[int, int], KVLinks] = {}  # by head slice (j, k) of the local cache they fill
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
         # Layer-wise reads mostly wait for the producer's next layer: one thread each, up to this many
-        # at once (a read queued behind them starts late and hides less of its transfer).
-        self._layerwise_pool = ThreadPoolExecutor(max_workers=MAX_LAYERWISE_READS, thread_name_prefix="pdmesh-kv-lw",
-                                                  initializer=widen_affinity)
+        # at once (a read queued behind them starts late and hides less of its transfer). They run while
+        # the producer computes, so they keep the engine thread's cores (not widened like the pulls'):
+        # on a shared host, reads on any core slowed prefill's forward by 5-25% (bench/REPORT.md).
+        self._layerwise_pool = ThreadPoolExecutor(max_workers=MAX_LAYERWISE_READS, thread_name_prefix="pdmesh-kv-lw")
         # Producer: checksums of newly held blocks for the registered-memory transports, off the engine thread.
         self._checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-sum",
                                                  initializer=widen_affinity)
@@ -138,7 +139,10 @@ class ConnectorWorker:
 
     def _serve(self) -> None:
         auth = self._transport.auth
-        self.progress = LayerProgress(self._paged.num_layers, self.held)
+        num_layers = self._paged.num_layers
+        self.progress = LayerProgress(num_layers, self.held,
+                                      layer_bytes_per_token=self._paged.block_nbytes // (num_layers * self._block_size),
+                                      min_read_bytes=self._transport.layerwise_read_bytes)
         self._progress_reports = ordered_progress(self.progress, self._paged.device)
         if self._store_settings is not None:
             pieces = [(region.num_parts, region.part_nbytes) for region in self._paged.regions()]

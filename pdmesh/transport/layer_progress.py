@@ -4,7 +4,9 @@ computed, layer by layer, for consumers that read each layer as soon as it is in
 The engine thread reports progress (a step starts; a layer's KV is written; the step's forward
 is done) with a few integer updates under a lock; consumers long-poll it through the KV port's
 Watch (gRPC threads). Tokens [0, ready) have every layer; tokens [ready, partial) (the step being
-computed) have their first `layers` layers. Once the step completing the prompt is done, its
+computed) have their first `layers` layers. Each answer costs the producer's process a gRPC round
+trip while it computes, so a step's written layers are announced once they hold `min_read_bytes`
+(or the step is done): layer by layer only where one layer of the step's KV is that large. Once the step completing the prompt is done, its
 content hashes and checksums are published (`written`): a consumer can finish reading and
 verifying then, a step before the engine holds the transfer (its blocks are the running request's
 until then, and an early release is applied at the hold). Once held (pdmesh/transport/
@@ -32,11 +34,16 @@ class _Progress:
     restarts: int = 0
     version: int = 1
     written: HeldTransfer | None = None  # the whole prompt is in the cache: what its hold will be
+    layers_per_answer: int = 1   # this step's layers announced together
+    num_announced_layers: int = 0
 
 
 class LayerProgress:
-    def __init__(self, num_layers: int, held: HeldTransfers, ended_ttl_s: float = 300.0) -> None:
+    def __init__(self, num_layers: int, held: HeldTransfers, ended_ttl_s: float = 300.0,
+                 layer_bytes_per_token: int = 0, min_read_bytes: int = 0) -> None:
         self._num_layers = num_layers
+        self._layer_bytes_per_token = layer_bytes_per_token  # one layer's KV of one token
+        self._min_read_bytes = min_read_bytes
         self._held = held
         self._cond = threading.Condition()
         self._progress: dict[str, _Progress] = {}   # transfer id: its progress while prefilling
@@ -55,7 +62,8 @@ class LayerProgress:
             progress.block_ids = list(block_ids)
             progress.num_ready_tokens = num_tokens_before
             progress.num_partial_tokens = num_tokens_after
-            progress.num_partial_layers = 0
+            progress.num_partial_layers = progress.num_announced_layers = 0
+            progress.layers_per_answer = self._layers_per_answer(num_tokens_after - num_tokens_before)
             progress.version += 1
             self._in_step.append(progress)
             self._cond.notify_all()
@@ -80,10 +88,15 @@ class LayerProgress:
         if not self._in_step:  # no layer-wise transfer in this step: nothing to take
             return
         with self._cond:
+            announced = False
             for progress in self._in_step:
                 progress.num_partial_layers = layer_index + 1
-                progress.version += 1
-            self._cond.notify_all()
+                if progress.num_partial_layers - progress.num_announced_layers >= progress.layers_per_answer:
+                    progress.num_announced_layers = progress.num_partial_layers
+                    progress.version += 1
+                    announced = True
+            if announced:
+                self._cond.notify_all()
 
     def step_done(self) -> None:
         """The step's forward is done: every layer of its tokens is in the cache."""
@@ -96,6 +109,12 @@ class LayerProgress:
                 progress.version += 1
             self._in_step = []
             self._cond.notify_all()
+
+    def _layers_per_answer(self, num_tokens: int) -> int:
+        step_layer_bytes = num_tokens * self._layer_bytes_per_token
+        if not self._min_read_bytes or not step_layer_bytes:
+            return 1
+        return -(-self._min_read_bytes // step_layer_bytes)  # more than num_layers: the step's end only
 
     def restarts(self, transfer_id: str) -> int:
         """Times the transfer's request was preempted so far (-1: not prefilling)."""

@@ -22,7 +22,9 @@ from tests.e2e.conftest import KV_TRANSPORTS, LAYERWISE_SEED, MAX_TOKENS, PROMPT
 from tests.e2e.greedy import assert_greedy_tokens_equal
 
 pytestmark = pytest.mark.vllm
-CHUNKED_PREFILL = ["--engine.max_num_batched_tokens", "512"]  # prompts past 512 tokens take several steps
+# prompts past 512 tokens take several steps; each layer is announced to a layer-wise reader (the tiny
+# model's are far below the default --layerwise_read_bytes; test_mesh_layerwise runs with the default)
+CHUNKED_PREFILL = ["--engine.max_num_batched_tokens", "512", "--layerwise_read_bytes", "0"]
 STALL_S = 3.0
 FAULT_ARGS = ["--kv_faults.tamper_request_prefix", "tamper-",
               "--kv_faults.unverified_request_prefix", "tamper-unverified-",

@@ -7,6 +7,7 @@ import aiohttp
 import grpc
 import pytest
 
+from gateway import request_run
 from gateway.server import Gateway
 from pdmesh.client import generate, make_request, stream_generate
 from pdmesh.config import GatewaySettings
@@ -203,3 +204,25 @@ async def test_layerwise_tokens_stream_before_prefill_answers_and_the_last_messa
     assert (last.usage.completion_tokens, transfer.prefill_computed_tokens, transfer.layerwise) == (max_tokens, 3,
                                                                                                      False)
     assert transfer.prefill_seconds >= 0.3 and -0.35 < transfer.handoff_seconds < -0.2
+
+
+async def test_a_layerwise_prefill_that_does_not_answer_delays_the_last_message_a_moment_only(
+        tiny_llama_dir, monkeypatch):
+    """Decode gave up on a stalled prefill and computed the prompt itself: its tokens are the
+    request's, and the last message goes after the grace without prefill's figures."""
+    monkeypatch.setattr(request_run, "LAYERWISE_PREFILL_GRACE_S", 0.2)
+    prefill, decode = FakeWorker("prefill"), FakeWorker("decode")
+    prefill.prefill_delay_s, decode.finish_with_last_token = 30.0, True
+    prefill_address = await prefill.server.start("127.0.0.1", 0)
+    decode_address = await decode.server.start("127.0.0.1", 0)
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
+                                      tokenizer=str(tiny_llama_dir), kv_flow="layerwise"))
+    address = await gateway.start()
+    try:
+        started = time.monotonic()
+        token_ids, _, last = await generate(address, make_request([5, 7, 9], max_tokens=2))
+        took = time.monotonic() - started
+    finally:
+        await _stop(gateway, [prefill, decode])
+    assert (token_ids, last.transfer.prefill_computed_tokens, last.transfer.prefill_seconds) == ([5, 7], 0, 0.0)
+    assert 0.2 <= took < 5

@@ -3,6 +3,7 @@ nothing is due to the workers and no worker has said a transfer finished. The sc
 stand-in holding what the check reads; test_mesh_layerwise drives the real engine."""
 
 import time
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
@@ -99,3 +100,44 @@ def test_the_engine_step_returns_at_once_when_the_connector_says_it_is_quiet():
     connector = SimpleNamespace(quiet_step=lambda scheduler: True)
     engine_core = SimpleNamespace(scheduler=SimpleNamespace(get_kv_connector=lambda: connector))
     assert EngineCore.step(engine_core) == ({}, False)
+
+
+
+class _EngineCore:
+    """vLLM's two step functions, recording that they ran (the connector decides in between)."""
+
+    def __init__(self, quiet_step: bool, batches_in_flight: int = 0) -> None:
+        connector = SimpleNamespace(quiet_step=lambda scheduler: quiet_step)
+        self.scheduler = SimpleNamespace(get_kv_connector=lambda: connector)
+        self.batch_queue = deque(range(batches_in_flight))
+        self.steps: list[str] = []
+
+    def step(self):
+        self.steps.append("step")
+        return {0: "outputs"}, True
+
+    def step_with_batch_queue(self):
+        self.steps.append("step_with_batch_queue")
+        return {0: "outputs"}, True
+
+
+@pytest.mark.parametrize("quiet_step, batches_in_flight, skipped", [
+    (True, 0, True),    # nothing in flight, nothing to do: skip
+    (True, 1, False),   # a batch's outputs are still to be collected
+    (False, 0, False),  # the connector says step
+])
+def test_the_batch_queue_step_of_async_scheduling_skips_only_with_no_batch_in_flight(quiet_step, batches_in_flight,
+                                                                                     skipped):
+    """Async scheduling (CUDA's and NPU's default; vLLM's CPU platform turns it off, so this path
+    runs on a device only) steps through step_with_batch_queue; the plain step is wrapped alike."""
+    class EngineCore(_EngineCore):
+        pass
+
+    install_quiet_steps(EngineCore)
+    install_quiet_steps(EngineCore)  # installed once
+    engine_core = EngineCore(quiet_step, batches_in_flight)
+    queued, plain = engine_core.step_with_batch_queue(), engine_core.step()
+    if skipped:
+        assert (queued, plain, engine_core.steps) == ((None, False), ({}, False), [])
+    else:
+        assert queued == ({0: "outputs"}, True) and engine_core.steps[0] == "step_with_batch_queue"

@@ -5,6 +5,7 @@ breaks part-way."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -124,6 +125,30 @@ def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_produce
     producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("lw-1", [5, 2, 7], TOKENS,
                                                                  engine_request_id="p-1")]))
     assert (producer.held.num_held, producer.get_finished()[0]) == (0, {"p-1"})
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
+def test_layerwise_reads_keep_the_engine_threads_core_and_pulls_take_any(model_dir, no_thread_leak, monkeypatch):
+    """A layer-wise read runs while its producer computes: off the consumer's own cores it took the
+    producer's on a shared host (bench/REPORT.md). A pull, after the producer is done, may run anywhere."""
+    consumer = _worker(model_dir, False, "shm")
+    cores_of: dict[str, set[int]] = {}
+    monkeypatch.setattr(consumer, "_receive", lambda task: cores_of.setdefault(task.request_id,
+                                                                               os.sched_getaffinity(0)))
+    engine_core = max(os.sched_getaffinity(0))
+    tasks = [RecvTask(request_id=request_id, pdmesh_request_id="mesh-1", transfer_id="t-" + request_id,
+                      kv_address="127.0.0.1:1", block_indexes=[0], local_block_ids=[1], token_ids=TOKENS,
+                      layerwise=layerwise) for request_id, layerwise in (("lw", True), ("pull", False))]
+
+    def engine_thread() -> None:
+        os.sched_setaffinity(0, {engine_core})   # as vLLM's CPU worker binds its model runner's thread
+        consumer.start_tasks(PDMeshConnectorMetadata(recvs=tasks))
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join()
+    consumer.shutdown()
+    assert cores_of == {"lw": {engine_core}, "pull": set(range(os.cpu_count()))}
 
 
 def test_a_layerwise_transfer_freed_before_vllms_batch_update_publishes_nothing(model_dir, no_thread_leak):

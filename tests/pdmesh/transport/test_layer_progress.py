@@ -118,3 +118,26 @@ def test_what_was_computed_before_a_preemption_or_an_end_is_not_published(progre
     if since == "preempted":
         assert progress.watch("t1", 0, wait_s=0).held is False
     assert progress.restarts("t1") == (1 if since == "preempted" else -1)
+
+
+@pytest.mark.parametrize("num_step_tokens, announced_after", [
+    (40, [1, 2, 3, 4]),   # 40 KiB a layer: each layer is worth a read
+    (20, [2, 4]),         # 20 KiB: two layers to an answer
+    (8, []),              # 8 KiB: only the step's end (4 layers hold 32 KiB)
+])
+def test_written_layers_are_announced_once_they_hold_min_read_bytes(held, num_step_tokens, announced_after):
+    """A Watch answer is a round trip on the producer's cores while it computes: layers too small
+    to be worth reading early are announced together, or with the step's end."""
+    progress = LayerProgress(NUM_LAYERS, held, layer_bytes_per_token=1024, min_read_bytes=40 << 10)
+    progress.start_step("t1", "r1", [7, 8], num_tokens_before=100, num_tokens_after=100 + num_step_tokens)
+    seen = progress.watch("t1", 0, wait_s=0).version
+    announced = []
+    for layer in range(NUM_LAYERS):
+        progress.layer_done(layer)
+        answer = progress.watch("t1", seen, wait_s=0)
+        if answer.version > seen:
+            seen = answer.version
+            announced.append(answer.num_partial_layers)
+    assert announced == announced_after
+    progress.step_done()
+    assert progress.watch("t1", seen, wait_s=0).num_ready_tokens == 100 + num_step_tokens
