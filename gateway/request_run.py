@@ -180,6 +180,7 @@ class RequestRun:
             return
         prefill = state.prefill = await self._pick_prefill(prompt)
         state.decode = None
+        state.prefill_seconds = state.handoff_seconds = 0.0   # the figures are the latest attempt's
         candidates = await self._pool.candidates("decode", self._excluded)
         if prefill.info is None:   # another request's failed call marked it down while this one waited
             self._excluded.add(prefill.address)
@@ -289,8 +290,10 @@ class RequestRun:
         async for chunk in self._decode_call(decode, request):
             if not handed_off and chunk.token_ids:
                 handed_off = True
-                self.state.handoff_seconds = time.monotonic() - self._prefilled_at
-                self._disagg.costs.observe_handoff(self.state.handoff_seconds)
+                handoff_s = time.monotonic() - self._prefilled_at
+                self._disagg.costs.observe_handoff(handoff_s)
+                if not self._stream_prefill_token:  # else the first token was prefill's
+                    self.state.handoff_seconds = handoff_s
             yield chunk
 
     async def _layerwise_chunks(self, prefill: Worker, decode: Worker,

@@ -203,6 +203,7 @@ async def test_first_token_from_prefill_streams_it_and_decode_continues_after_it
         assert decode_request.sampling.max_tokens == 2
         assert (token_ids, text) == ([777, 0, 7], "<777><0><7>")
         assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (3, 3)
+        assert last.transfer.prefill_seconds > 0 and last.transfer.handoff_seconds == 0  # the first token was prefill's
     finally:
         await _stop(gateway, prefill, decode)
 
