@@ -23,6 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import grpc
@@ -309,22 +310,27 @@ class RequestRun:
         prefilling = asyncio.ensure_future(self._prefill(prefill, prompt, handle.transfer_id))
         finished, first_token_at = False, None
         try:
-            async for chunk in until_prefill_fails(self._decode_call(decode, request), prefilling):
-                if first_token_at is None and chunk.token_ids:
-                    first_token_at = time.monotonic()
-                    if prefilling.done():
-                        self._disagg.costs.observe_handoff(first_token_at - self._prefilled_at)
-                if chunk.finish_reason:
-                    if not prefilling.done() and chunk.token_ids:  # the tokens now, the figures once prefill answers
-                        yield worker_pb2.DecodeResponse(token_ids=chunk.token_ids, text=chunk.text)
-                        chunk.ClearField("token_ids")
-                        chunk.ClearField("text")
-                    await self._record_layerwise_prefill(prefilling, first_token_at)
-                finished = finished or bool(chunk.finish_reason)
-                yield chunk
+            async with aclosing(until_prefill_fails(self._decode_call(decode, request), prefilling)) as chunks:
+                async for chunk in chunks:
+                    if first_token_at is None and chunk.token_ids:
+                        first_token_at = time.monotonic()
+                        if prefilling.done():
+                            self._disagg.costs.observe_handoff(first_token_at - self._prefilled_at)
+                    if chunk.finish_reason:
+                        if not prefilling.done() and chunk.token_ids:  # the tokens now, the figures once it answers
+                            yield worker_pb2.DecodeResponse(token_ids=chunk.token_ids, text=chunk.text)
+                            chunk.ClearField("token_ids")
+                            chunk.ClearField("text")
+                        await self._record_layerwise_prefill(prefilling, first_token_at)
+                        finished = True
+                        yield chunk
+                        return   # the request is done: a prefill failing from here changes nothing
+                    yield chunk
         finally:
             if not prefilling.done():
                 prefilling.cancel()   # the prefill request is aborted, its blocks freed
+            elif not prefilling.cancelled():
+                prefilling.exception()   # retrieved: a failure after the request ended is not an error
             if not finished:
                 self._pool.release_kv_soon(prefill, handle)   # decode may never have read it
 
@@ -332,7 +338,8 @@ class RequestRun:
         """Prefill's figures for the last message. Decode can finish before prefill's answer arrives
         (it reads the KV once the last step is done; prefill answers a step later): wait for it a
         moment, no longer (a stalled prefill that decode gave up on and computed without)."""
-        await asyncio.wait({prefilling}, timeout=min(LAYERWISE_PREFILL_GRACE_S, self._time_left()))
+        left = self._deadline - asyncio.get_running_loop().time()   # every token is out: never raise here
+        await asyncio.wait({prefilling}, timeout=max(0.0, min(LAYERWISE_PREFILL_GRACE_S, left)))
         if not prefilling.done() or prefilling.cancelled() or prefilling.exception() is not None:
             return   # every token is out: a late or failed prefill costs the figures only
         self.state.record_prefill(prefilling.result())

@@ -225,10 +225,12 @@ class WorkerSettings(_LayeredSettings):
     kv_quiet_steps: bool = True
     # Layer-wise flow, producer: a step's newly written layers are announced to the consumer (a Watch
     # answer, a round trip on this worker's cores while it computes) once they hold this many bytes, or
-    # when the step is done. Layer by layer where one layer of a step's KV is this large; smaller layers
-    # cost more to announce than reading them early hides (bench/REPORT.md, layer-wise flow). 0: every layer.
+    # when the step is done. Layer by layer where one layer of a step's KV is this large: announcing
+    # a small layer costs the producer about what reading it early hides (bench/REPORT.md, layer-wise
+    # flow; one run each, within this machine's noise). 0: every layer.
     layerwise_read_bytes: int = 4 << 20
-    # Cores the worker's own processes (its API server, vLLM's engine core) run on, e.g. "1" or "2-3"; "": any.
+    # Cores the worker's own processes (its API server, vLLM's engine core) and its layer-wise reading
+    # threads run on, e.g. "1" or "2-3"; "": any.
     # A local cluster keeps a decode worker's on its engine's core: vLLM's queues between them busy-poll for a
     # second after each step, which then does not take prefill's core (bench/REPORT.md, layer-wise flow).
     process_cpus: str = ""

@@ -89,6 +89,7 @@ class PDMeshConnector(KVConnectorBase_V1):
             store=store, kv_advertise_host=advertise_host, kv_advertise_port=advertise_port,
             transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank(),
             wake_name=str(extra.get("wake_name") or ""),
+            thread_cpus=str(extra.get("thread_cpus") or ""),
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             num_kv_heads=vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config))
 

@@ -111,8 +111,9 @@ def install_quiet_steps(engine_core_class: type | None = None) -> None:
     """Wraps `EngineCore.step` and `EngineCore.step_with_batch_queue` (async scheduling, the default
     on CUDA and NPU; idempotent; called in the engine core process before the engine binds its step
     function): a step the engine's PDMeshConnector says is quiet returns at once. With a batch queue
-    only while no batch is in flight (its outputs must still be collected). `engine_core_class`:
-    vLLM's EngineCore unless given (tests)."""
+    it first collects the batches in flight, as vLLM does when it has nothing to schedule (else it
+    would schedule a new empty batch, a worker round trip, on every step while requests wait for
+    KV, and the queue would never empty). `engine_core_class`: vLLM's EngineCore unless given (tests)."""
     if engine_core_class is None:
         from vllm.v1.engine.core import EngineCore as engine_core_class
 
@@ -127,13 +128,30 @@ def install_quiet_steps(engine_core_class: type | None = None) -> None:
         return step_with_workers(self)
 
     def step_queued(self):
-        if not self.batch_queue and _quiet(self):
+        if not _quiet(self):
+            return step_with_batch_queue(self)
+        if not self.batch_queue:
             return None, False
-        return step_with_batch_queue(self)
+        return _collect_oldest_batch(self, step_with_batch_queue)
 
     step._pdmesh_quiet = step_queued._pdmesh_quiet = True
     engine_core_class.step = step
     engine_core_class.step_with_batch_queue = step_queued
+
+
+def _collect_oldest_batch(engine_core: Any, step_with_batch_queue) -> tuple:
+    """vLLM's own step with nothing to schedule: it waits for the oldest batch in flight and takes
+    its outputs (the scheduler says it has no requests for this one call)."""
+    scheduler = engine_core.scheduler
+    scheduler.has_requests = _no_requests   # shadows the method on this instance for the call
+    try:
+        return step_with_batch_queue(engine_core)
+    finally:
+        del scheduler.has_requests
+
+
+def _no_requests() -> bool:
+    return False
 
 
 def _quiet(engine_core: Any) -> bool:

@@ -13,6 +13,7 @@ ids, which vLLM then recomputes).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -37,7 +38,7 @@ from pdmesh.connector.transfer_stats import TransferLedger, TransferStats
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, Incompatible
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
-from pdmesh.transport.affinity import all_cores, widen_affinity
+from pdmesh.transport.affinity import all_cores, parse_cpus, widen_affinity
 from pdmesh.transport.grpc_kv_reader import GrpcKVReader
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver, wait_briefly
 from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
@@ -63,7 +64,7 @@ class ConnectorWorker:
                  hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
                  store: StoreSettings | None = None, kv_advertise_host: str | None = None, kv_advertise_port: int = 0,
                  transport: KVTransportSettings | None = None, tp_rank: int = 0, tp_size: int = 1,
-                 num_kv_heads: int = 0, wake_name: str = "") -> None:
+                 num_kv_heads: int = 0, wake_name: str = "", thread_cpus: str = "") -> None:
         role = "prefill" if is_producer else "decode"
         self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
@@ -111,9 +112,12 @@ class ConnectorWorker:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
         # Layer-wise reads mostly wait for the producer's next layer: one thread each, up to this many
         # at once (a read queued behind them starts late and hides less of its transfer). They run while
-        # the producer computes, so they keep the engine thread's cores (not widened like the pulls'):
-        # on a shared host, reads on any core slowed prefill's forward by 5-25% (bench/REPORT.md).
-        self._layerwise_pool = ThreadPoolExecutor(max_workers=MAX_LAYERWISE_READS, thread_name_prefix="pdmesh-kv-lw")
+        # the producer computes, so they stay on this worker's cores (--process_cpus; every core when
+        # unset): widened like the pulls', they took prefill's core on a shared host, and prefill's
+        # calls took 4-47% longer (bench/REPORT.md, layer-wise flow, run 1).
+        self._layerwise_pool = ThreadPoolExecutor(max_workers=MAX_LAYERWISE_READS, thread_name_prefix="pdmesh-kv-lw",
+                                                  initializer=functools.partial(widen_affinity,
+                                                                                parse_cpus(thread_cpus)))
         # Producer: checksums of newly held blocks for the registered-memory transports, off the engine thread.
         self._checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-sum",
                                                  initializer=widen_affinity)

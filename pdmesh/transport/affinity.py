@@ -14,10 +14,10 @@ import contextlib
 import os
 
 
-def widen_affinity() -> None:
-    """Lets the calling thread run on every core."""
+def widen_affinity(cpus: set[int] | None = None) -> None:
+    """Lets the calling thread run on `cpus` (None or empty: every core)."""
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        os.sched_setaffinity(0, cpus or range(os.cpu_count() or 1))
 
 
 @contextlib.contextmanager

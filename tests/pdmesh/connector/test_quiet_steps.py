@@ -4,9 +4,12 @@ stand-in holding what the check reads; test_mesh_layerwise drives the real engin
 
 import time
 from collections import deque
+from concurrent.futures import Future
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
+from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import RequestStatus
 
 from pdmesh.connector.quiet_steps import QuietSteps, TransferWakeups, install_quiet_steps, new_wake_name
@@ -91,8 +94,6 @@ def test_a_wakeup_before_the_engine_core_listens_is_dropped_without_error(name):
 
 
 def test_the_engine_step_returns_at_once_when_the_connector_says_it_is_quiet():
-    from vllm.v1.engine.core import EngineCore
-
     install_quiet_steps()
     wrapped = EngineCore.step
     install_quiet_steps()
@@ -100,7 +101,6 @@ def test_the_engine_step_returns_at_once_when_the_connector_says_it_is_quiet():
     connector = SimpleNamespace(quiet_step=lambda scheduler: True)
     engine_core = SimpleNamespace(scheduler=SimpleNamespace(get_kv_connector=lambda: connector))
     assert EngineCore.step(engine_core) == ({}, False)
-
 
 
 class _EngineCore:
@@ -141,3 +141,82 @@ def test_the_batch_queue_step_of_async_scheduling_skips_only_with_no_batch_in_fl
         assert (queued, plain, engine_core.steps) == ((None, False), ({}, False), [])
     else:
         assert queued == ({0: "outputs"}, True) and engine_core.steps[0] == "step_with_batch_queue"
+
+
+
+class _WaitingScheduler:
+    """Requests that all wait for KV: each schedule is an empty batch."""
+
+    def __init__(self, connector, collected: list) -> None:
+        self._connector, self._collected = connector, collected
+
+    def get_kv_connector(self):
+        return self._connector
+
+    def has_requests(self) -> bool:
+        return True
+
+    def schedule(self, throttle: bool):
+        return SimpleNamespace(total_num_scheduled_tokens=0, pending_structured_output_tokens=False)
+
+    def update_from_output(self, scheduler_output, model_output) -> dict:
+        self._collected.append(model_output)
+        return {}
+
+
+class _AsyncEngineCore:
+    """What vLLM's step_with_batch_queue reads, around a scheduler whose requests all wait for KV
+    (each step schedules an empty batch) and an executor that answers at once."""
+
+    def __init__(self, quiet_after: int) -> None:
+        self.num_steps, self.quiet_after = 0, quiet_after
+        connector = SimpleNamespace(quiet_step=lambda scheduler: self.num_steps > self.quiet_after)
+        self.collected: list[int] = []
+        self.scheduler = _WaitingScheduler(connector, self.collected)
+        self.model_executor = SimpleNamespace(execute_model=self._execute)
+        self.batch_queue_size, self.batch_queue = 2, deque(maxlen=2)
+        self.is_mm_encoder_only = self.is_pooling_model = self.check_for_draft_tokens = False
+        self.executed: list[int] = []
+
+    def _execute(self, scheduler_output, non_block: bool):
+        self.executed.append(len(self.executed))
+        done = Future()
+        done.set_result(self.executed[-1])
+        return done
+
+    def step(self):
+        self.num_steps += 1
+        return EngineCore.step_with_batch_queue(self)
+
+    _should_throttle_prefills = staticmethod(lambda: False)
+    _process_aborts_queue = staticmethod(lambda: None)
+    _attach_iteration_details = _attach_weight_version = staticmethod(lambda *args: None)
+
+    @contextmanager
+    def log_error_detail(self, scheduler_output):
+        yield
+
+    @contextmanager
+    def capture_iteration_details(self, scheduler_output):
+        yield None
+
+
+def test_async_scheduling_collects_the_batch_in_flight_then_stops_stepping_the_workers():
+    """Under async scheduling vLLM keeps a batch in flight for as long as it has requests, and
+    requests waiting for KV count: a quiet step collects that batch (its worker outputs say which
+    transfers finished), then skips. Driven through vLLM's own step_with_batch_queue."""
+    install_quiet_steps()
+    engine_core = _AsyncEngineCore(quiet_after=1)   # step 1 takes the new request's receive task to the workers
+    outputs = [engine_core.step() for _ in range(4)]
+    assert engine_core.executed == [0] and engine_core.collected == [0]
+    assert outputs == [(None, False), ({}, False), (None, False), (None, False)]
+    assert not engine_core.batch_queue
+
+
+def test_async_scheduling_without_quiet_steps_keeps_an_empty_batch_in_flight_every_step():
+    """The control: vLLM's step as it is schedules a batch (a round trip to the workers) each step."""
+    install_quiet_steps()
+    engine_core = _AsyncEngineCore(quiet_after=100)
+    for _ in range(4):
+        engine_core.step()
+    assert engine_core.executed == [0, 1, 2, 3] and len(engine_core.batch_queue) == 1

@@ -16,6 +16,7 @@ from pdmesh.config import KVFaultSettings, KVTransportSettings, TelemetrySetting
 from pdmesh.connector.metadata import LayerwiseStep, PDMeshConnectorMetadata, RecvTask, SendTask
 from pdmesh.connector.worker_side import ConnectorWorker
 from pdmesh.errors import ChecksumMismatch, TransferNotFound
+from pdmesh.transport.affinity import widen_affinity
 
 BLOCK_SIZE, NUM_BLOCKS = 32, 8
 TOKENS = list(range(3, 3 + 80))  # 3 blocks, the last one partial
@@ -127,28 +128,33 @@ def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_produce
     assert (producer.held.num_held, producer.get_finished()[0]) == (0, {"p-1"})
 
 
+def _widened() -> set[int]:
+    """The cores a widened thread gets here (every core this process may use)."""
+    cores: list[set[int]] = []
+    thread = threading.Thread(target=lambda: (widen_affinity(), cores.append(os.sched_getaffinity(0))))
+    thread.start()
+    thread.join()
+    return cores[0]
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
-def test_layerwise_reads_keep_the_engine_threads_core_and_pulls_take_any(model_dir, no_thread_leak, monkeypatch):
-    """A layer-wise read runs while its producer computes: off the consumer's own cores it took the
+def test_layerwise_reads_run_on_the_workers_cores_and_pulls_on_any(model_dir, no_thread_leak, monkeypatch):
+    """A layer-wise read runs while its producer computes: widened to every core, it took the
     producer's on a shared host (bench/REPORT.md). A pull, after the producer is done, may run anywhere."""
-    consumer = _worker(model_dir, False, "shm")
+    worker_core = max(os.sched_getaffinity(0))
+    consumer = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=False, kv_host="127.0.0.1",
+                               kv_port=0, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(),
+                               transport=KVTransportSettings(kv_transport="shm"), thread_cpus=str(worker_core))
+    consumer.register_kv_caches({"l0": torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, 16)}, NUM_BLOCKS)
     cores_of: dict[str, set[int]] = {}
     monkeypatch.setattr(consumer, "_receive", lambda task: cores_of.setdefault(task.request_id,
                                                                                os.sched_getaffinity(0)))
-    engine_core = max(os.sched_getaffinity(0))
-    tasks = [RecvTask(request_id=request_id, pdmesh_request_id="mesh-1", transfer_id="t-" + request_id,
-                      kv_address="127.0.0.1:1", block_indexes=[0], local_block_ids=[1], token_ids=TOKENS,
-                      layerwise=layerwise) for request_id, layerwise in (("lw", True), ("pull", False))]
-
-    def engine_thread() -> None:
-        os.sched_setaffinity(0, {engine_core})   # as vLLM's CPU worker binds its model runner's thread
-        consumer.start_tasks(PDMeshConnectorMetadata(recvs=tasks))
-
-    thread = threading.Thread(target=engine_thread)
-    thread.start()
-    thread.join()
+    consumer.start_tasks(PDMeshConnectorMetadata(recvs=[
+        RecvTask(request_id=request_id, pdmesh_request_id="mesh-1", transfer_id="t-" + request_id,
+                 kv_address="127.0.0.1:1", block_indexes=[0], local_block_ids=[1], token_ids=TOKENS,
+                 layerwise=layerwise) for request_id, layerwise in (("lw", True), ("pull", False))]))
     consumer.shutdown()
-    assert cores_of == {"lw": {engine_core}, "pull": set(range(os.cpu_count()))}
+    assert cores_of == {"lw": {worker_core}, "pull": _widened()}
 
 
 def test_a_layerwise_transfer_freed_before_vllms_batch_update_publishes_nothing(model_dir, no_thread_leak):
