@@ -177,6 +177,18 @@ async def test_layerwise_prefill_failing_cancels_the_waiting_decode_and_retries_
     assert dying.released == [first.kv.transfer_id]  # nothing left pinned on it, were it alive
 
 
+async def _layerwise_mesh(tiny_llama_dir, prefill_delay_s: float):
+    """A layer-wise gateway whose decode finishes at once (its last token with the finish, as vLLM's
+    does) while prefill answers after prefill_delay_s."""
+    prefill, decode = FakeWorker("prefill"), FakeWorker("decode")
+    prefill.prefill_delay_s, decode.finish_with_last_token = prefill_delay_s, True
+    prefill_address = await prefill.server.start("127.0.0.1", 0)
+    decode_address = await decode.server.start("127.0.0.1", 0)
+    gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
+                                      tokenizer=str(tiny_llama_dir), kv_flow="layerwise"))
+    return gateway, await gateway.start(), prefill, decode
+
+
 @pytest.mark.parametrize("max_tokens", [1, 3])
 async def test_layerwise_tokens_stream_before_prefill_answers_and_the_last_message_has_its_figures(
         tiny_llama_dir, monkeypatch, max_tokens):
@@ -184,13 +196,7 @@ async def test_layerwise_tokens_stream_before_prefill_answers_and_the_last_messa
     answer reaches the gateway: the tokens go out at once, and the last message waits for prefill's
     figures (computed tokens, its call's time, the handoff: < 0 here, the token came first)."""
     monkeypatch.setattr(request_run, "LAYERWISE_PREFILL_GRACE_S", 10.0)
-    prefill, decode = FakeWorker("prefill"), FakeWorker("decode")
-    prefill.prefill_delay_s, decode.finish_with_last_token = 1.0, True
-    prefill_address = await prefill.server.start("127.0.0.1", 0)
-    decode_address = await decode.server.start("127.0.0.1", 0)
-    gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
-                                      tokenizer=str(tiny_llama_dir), kv_flow="layerwise"))
-    address = await gateway.start()
+    gateway, address, prefill, decode = await _layerwise_mesh(tiny_llama_dir, prefill_delay_s=1.0)
     arrivals = []
     try:
         started = time.monotonic()
@@ -212,13 +218,7 @@ async def test_a_layerwise_prefill_that_does_not_answer_delays_the_last_message_
     """Decode gave up on a stalled prefill and computed the prompt itself: its tokens are the
     request's, and the last message goes after the grace without prefill's figures."""
     monkeypatch.setattr(request_run, "LAYERWISE_PREFILL_GRACE_S", 0.2)
-    prefill, decode = FakeWorker("prefill"), FakeWorker("decode")
-    prefill.prefill_delay_s, decode.finish_with_last_token = 30.0, True
-    prefill_address = await prefill.server.start("127.0.0.1", 0)
-    decode_address = await decode.server.start("127.0.0.1", 0)
-    gateway = Gateway(GatewaySettings(port=0, prefill_workers=[prefill_address], decode_workers=[decode_address],
-                                      tokenizer=str(tiny_llama_dir), kv_flow="layerwise"))
-    address = await gateway.start()
+    gateway, address, prefill, decode = await _layerwise_mesh(tiny_llama_dir, prefill_delay_s=30.0)
     try:
         started = time.monotonic()
         token_ids, _, last = await generate(address, make_request([5, 7, 9], max_tokens=2))
