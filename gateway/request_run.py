@@ -338,8 +338,8 @@ class RequestRun:
         """Prefill's figures for the last message. Decode can finish before prefill's answer arrives
         (it reads the KV once the last step is done; prefill answers a step later): wait for it a
         moment, no longer (a stalled prefill that decode gave up on and computed without)."""
-        left = self._deadline - asyncio.get_running_loop().time()   # every token is out: never raise here
-        await asyncio.wait({prefilling}, timeout=max(0.0, min(LAYERWISE_PREFILL_GRACE_S, left)))
+        # every token is out: never raise here
+        await asyncio.wait({prefilling}, timeout=max(0.0, min(LAYERWISE_PREFILL_GRACE_S, self._seconds_left())))
         if not prefilling.done() or prefilling.cancelled() or prefilling.exception() is not None:
             return   # every token is out: a late or failed prefill costs the figures only
         self.state.record_prefill(prefilling.result())
@@ -370,8 +370,12 @@ class RequestRun:
         n = self.state.num_failovers
         return self.request.request_id if n == 0 else f"{self.request.request_id}-retry{n}"
 
+    def _seconds_left(self) -> float:
+        """Until the request's deadline (< 0 once past it)."""
+        return self._deadline - asyncio.get_running_loop().time()
+
     def _time_left(self) -> float:
-        left = self._deadline - asyncio.get_running_loop().time()
+        left = self._seconds_left()
         if left <= 0:
             raise errors.DeadlineExceeded(f"request {self.request.request_id} ran out of time")
         return left

@@ -6,11 +6,11 @@ is done) with a few integer updates under a lock; consumers long-poll it through
 Watch (gRPC threads). Tokens [0, ready) have every layer; tokens [ready, partial) (the step being
 computed) have their first `layers` layers. Each answer costs the producer's process a gRPC round
 trip while it computes, so a step's written layers are announced once they hold `min_read_bytes`
-(or the step is done): layer by layer only where one layer of the step's KV is that large. Once the step completing the prompt is done, its
-content hashes and checksums are published (`written`): a consumer can finish reading and
-verifying then, a step before the engine holds the transfer (its blocks are the running request's
-until then, and an early release is applied at the hold). Once held (pdmesh/transport/
-held_transfers.py) the transfer leaves this registry.
+(or the step is done): layer by layer only where one layer of the step's KV is that large. Once
+the step completing the prompt is done, its content hashes and checksums are published
+(`written`): a consumer can finish reading and verifying then, a step before the engine holds the
+transfer (its blocks are the running request's until then, and an early release is applied at the
+hold). Once held (pdmesh/transport/held_transfers.py) the transfer leaves this registry.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ class _Progress:
     restarts: int = 0
     version: int = 1
     written: HeldTransfer | None = None  # the whole prompt is in the cache: what its hold will be
-    layers_per_answer: int = 1   # this step's layers announced together
-    num_announced_layers: int = 0
+    num_announced_layers: int = 0  # of the running step's layers
 
 
 class LayerProgress:
@@ -63,7 +62,6 @@ class LayerProgress:
             progress.num_ready_tokens = num_tokens_before
             progress.num_partial_tokens = num_tokens_after
             progress.num_partial_layers = progress.num_announced_layers = 0
-            progress.layers_per_answer = self._layers_per_answer(num_tokens_after - num_tokens_before)
             progress.version += 1
             self._in_step.append(progress)
             self._cond.notify_all()
@@ -91,7 +89,8 @@ class LayerProgress:
             announced = False
             for progress in self._in_step:
                 progress.num_partial_layers = layer_index + 1
-                if progress.num_partial_layers - progress.num_announced_layers >= progress.layers_per_answer:
+                step_tokens = progress.num_partial_tokens - progress.num_ready_tokens
+                if progress.num_partial_layers - progress.num_announced_layers >= self._layers_per_answer(step_tokens):
                     progress.num_announced_layers = progress.num_partial_layers
                     progress.version += 1
                     announced = True
