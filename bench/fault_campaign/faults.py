@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.fault_campaign.mesh import FaultMesh
+from pdmesh.connector.store_agent import REMOTE
+from pdmesh.v1.worker_pb2 import WorkerStats
 
 BUSY_WAIT_S = 10.0   # how long a fault waits for its victim to be in the state it should hit
 KILLED_FOR_S = 3.0   # how long the load runs on the survivors before a killed worker is restarted
@@ -60,17 +62,30 @@ class KillWorker(Fault):
 
 def kill_decode() -> Fault:
     return KillWorker("sigkill_decode", "decode", "SIGKILL a decode worker mid-stream, restart it",
-                      lambda s: s.num_running_requests > 0, "streaming")
+                      lambda _, s: s.num_running_requests > 0, "streaming")
 
 
 def kill_prefill() -> Fault:
     return KillWorker("sigkill_prefill", "prefill", "SIGKILL a prefill worker holding KV for decode, restart it",
-                      lambda s: s.num_held_transfers > 0, "holding transfers")
+                      lambda _, s: s.num_held_transfers > 0, "holding transfers")
 
 
 def kill_store_node() -> Fault:
     return KillWorker("sigkill_store_node", "prefill", "SIGKILL a prefill worker while its KV store is read, "
-                      "restart it", lambda s: s.kv_store_pinned_blocks > 0, "store blocks pinned by a read")
+                      "restart it", _store_read, "store read")
+
+
+def _store_read(previous: WorkerStats | None, stats: WorkerStats) -> bool:
+    """A prefill's store is being read: blocks pinned by a read now, or blocks served from its own
+    tiers (to its engine or another node) since the look before. Under the campaign's load a store
+    serves several reads a second, each pinning its blocks for a millisecond or two, so a look
+    (about 0.1 s) that must land inside one found less than half the trials hit."""
+    return stats.kv_store_pinned_blocks > 0 or (
+        previous is not None and _blocks_served(stats) > _blocks_served(previous))
+
+
+def _blocks_served(stats: WorkerStats) -> int:
+    return sum(n for tier, n in stats.kv_store_hit_blocks.items() if tier != REMOTE)
 
 
 class StopWorker(Fault):
@@ -161,13 +176,13 @@ class DropWorkerLink(Fault):
 
 def drop_decode_stream() -> Fault:
     return DropWorkerLink("drop_decode_stream", "decode", "reset the gateway's connection to a decode worker "
-                          "mid-stream (proxy)", lambda s: s.num_running_requests > 0)
+                          "mid-stream (proxy)", lambda _, s: s.num_running_requests > 0)
 
 
 def drop_prefill_call() -> Fault:
     # a prefill's calls last milliseconds: one holding KV for decode has just answered some, under load
     return DropWorkerLink("drop_prefill_call", "prefill", "reset the gateway's connection to a prefill worker "
-                          "mid-call (proxy)", lambda s: s.num_held_transfers > 0)
+                          "mid-call (proxy)", lambda _, s: s.num_held_transfers > 0)
 
 
 def drop_kv_connection() -> Fault:
@@ -187,8 +202,8 @@ def _failed_blocks(mesh: FaultMesh) -> int:
 
 
 def _busy_victim(mesh: FaultMesh, role: str, index: int, busy) -> tuple[str, bool]:
-    """The worker of `role` a trial hits: this trial's turn, or the first other found busy(stats)
-    within BUSY_WAIT_S; (the victim, whether it was busy)."""
+    """The worker of `role` a trial hits: this trial's turn, or the first other found
+    busy(previous stats, stats) within BUSY_WAIT_S; (the victim, whether it was busy)."""
     names = mesh.prefill_names if role == "prefill" else mesh.decode_names
     preferred = names[index % len(names)]
     found = mesh.wait_for([preferred, *[n for n in names if n != preferred]], busy, BUSY_WAIT_S)
