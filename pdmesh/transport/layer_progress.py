@@ -3,14 +3,15 @@ computed, layer by layer, for consumers that read each layer as soon as it is in
 
 The engine thread reports progress (a step starts; a layer's KV is written; the step's forward
 is done) with a few integer updates under a lock; consumers long-poll it through the KV port's
-Watch (gRPC threads). Tokens [0, ready) have every layer; tokens [ready, partial) (the step being
-computed) have their first `layers` layers. Each answer costs the producer's process a gRPC round
-trip while it computes, so a step's written layers are announced once they hold `min_read_bytes`
-(or the step is done): layer by layer only where one layer of the step's KV is that large. Once
-the step completing the prompt is done, its content hashes and checksums are published
-(`written`): a consumer can finish reading and verifying then, a step before the engine holds the
-transfer (its blocks are the running request's until then, and an early release is applied at the
-hold). Once held (pdmesh/transport/held_transfers.py) the transfer leaves this registry.
+Watch (gRPC threads), answered when there is something new to read (a step's start is not).
+Tokens [0, ready) have every layer; tokens [ready, partial) (the step being computed) have their
+first `layers` layers. Each answer costs the producer's process a gRPC round trip while it
+computes, so a step's written layers are announced once they hold `min_read_bytes` (or the step is
+done): layer by layer only where one layer of the step's KV is that large. Once the step
+completing the prompt is done, its content hashes and checksums are published (`written`): a
+consumer can finish reading and verifying then, a step before the engine holds the transfer (its
+blocks are the running request's until then, and an early release is applied at the hold). Once
+held (pdmesh/transport/held_transfers.py) the transfer leaves this registry.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class LayerProgress:
     # ---- the engine thread ----
     def start_step(self, transfer_id: str, request_id: str, block_ids: list[int], num_tokens_before: int,
                    num_tokens_after: int) -> None:
-        """A step computes tokens [num_tokens_before, num_tokens_after) of the transfer's prompt."""
+        """A step computes tokens [num_tokens_before, num_tokens_after) of the transfer's prompt.
+        Not announced: a consumer has nothing new to read until the step's first layers are written
+        (its next answer carries the step's blocks)."""
         with self._cond:
             if transfer_id in self._ended:
                 return
@@ -62,9 +65,7 @@ class LayerProgress:
             progress.num_ready_tokens = num_tokens_before
             progress.num_partial_tokens = num_tokens_after
             progress.num_partial_layers = progress.num_announced_layers = 0
-            progress.version += 1
             self._in_step.append(progress)
-            self._cond.notify_all()
 
     def restart(self, transfer_id: str) -> None:
         """The engine preempted the request: its blocks were freed (and may hold other KV now)."""

@@ -41,6 +41,19 @@ def test_a_step_reports_each_layer_then_every_layer_of_its_tokens(progress):
     assert _fields(progress.watch("t1", 0, wait_s=0)) == (True, [7, 8, 9], 40, 70, 0, False, 0)
 
 
+def test_a_steps_start_is_not_announced(progress):
+    """Nothing is new to read when a step starts (each answer is a round trip on the producer's
+    cores): the step's first written layer is the next answer, with the step's blocks."""
+    progress.start_step("t1", "r1", [7], 0, 20)
+    progress.step_done()
+    seen = progress.watch("t1", 0, wait_s=0).version
+    progress.start_step("t1", "r1", [7, 8], num_tokens_before=20, num_tokens_after=40)
+    assert progress.watch("t1", seen, wait_s=0).version == seen
+    progress.layer_done(0)
+    answer = progress.watch("t1", seen, wait_s=0)
+    assert answer.version > seen and (list(answer.block_ids), answer.num_partial_layers) == ([7, 8], 1)
+
+
 def test_layers_of_a_step_without_layerwise_transfers_change_nothing(progress):
     progress.layer_done(3)
     progress.step_done()
