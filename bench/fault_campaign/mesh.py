@@ -110,9 +110,9 @@ class FaultMesh:
             return worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=timeout_s)
 
     def wait_for(self, names: list[str], busy, timeout_s: float) -> str | None:
-        """The first of `names` whose stats satisfy busy(previous, stats) (previous: that worker's
-        stats at the look before, None at the first), polled every 20 ms; None at the timeout. A
-        look takes about 0.1 s under load: GetStats waits for a gap between the engine's steps."""
+        """The first of `names` whose stats satisfy busy(previous, stats) (faults.Busy), polled
+        every 20 ms; None at the timeout. A look takes about 0.1 s under load: GetStats waits for a
+        gap between the engine's steps."""
         deadline = time.monotonic() + timeout_s
         previous: dict[str, worker_pb2.WorkerStats] = {}
         while time.monotonic() < deadline:
