@@ -3,7 +3,8 @@ computed, layer by layer, for consumers that read each layer as soon as it is in
 
 The engine thread reports progress (a step starts; a layer's KV is written; the step's forward
 is done) with a few integer updates under a lock; consumers long-poll it through the KV port's
-Watch (gRPC threads), answered when there is something new to read (a step's start is not).
+Watch (gRPC threads), answered on a change a consumer acts on (not a step's start: its first
+written layers are the next answer) or at the end of their wait.
 Tokens [0, ready) have every layer; tokens [ready, partial) (the step being computed) have their
 first `layers` layers. Each answer costs the producer's process a gRPC round trip while it
 computes, so a step's written layers are announced once they hold `min_read_bytes` (or the step is

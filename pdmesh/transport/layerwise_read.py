@@ -77,12 +77,16 @@ class _LayerwiseRead:
         self._num_restarts = 0
 
     def run(self, expected_hashes: Sequence[bytes]) -> Iterator[int]:
-        answer, version, idle_until = None, 0, time.monotonic() + self._target.idle_timeout_s
+        answer, version, progress = None, 0, None
+        idle_until = time.monotonic() + self._target.idle_timeout_s
         while answer is None or not answer.held:
             answer = self._control.watch(self._link.address, self._transfer_id, version, WATCH_WAIT_S,
                                          self._indexes, self._reader.transport)
-            if answer.version != version:
-                version, idle_until = answer.version, time.monotonic() + self._target.idle_timeout_s
+            version = answer.version
+            # a step's start is progress though not announced (no new version): its tokens show it
+            if (version, answer.num_partial_tokens, answer.restarts) != progress:
+                progress = (version, answer.num_partial_tokens, answer.restarts)
+                idle_until = time.monotonic() + self._target.idle_timeout_s
             elif time.monotonic() > idle_until:
                 raise WorkerFailed(f"transfer {self._transfer_id}: no prefill progress for "
                                    f"{self._target.idle_timeout_s:.0f} s")

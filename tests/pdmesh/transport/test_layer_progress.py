@@ -47,8 +47,10 @@ def test_a_steps_start_is_not_announced(progress):
     progress.start_step("t1", "r1", [7], 0, 20)
     progress.step_done()
     seen = progress.watch("t1", 0, wait_s=0).version
-    progress.start_step("t1", "r1", [7, 8], num_tokens_before=20, num_tokens_after=40)
-    assert progress.watch("t1", seen, wait_s=0).version == seen
+    threading.Timer(0.05, progress.start_step, args=("t1", "r1", [7, 8], 20, 40)).start()
+    started = time.monotonic()
+    assert progress.watch("t1", seen, wait_s=0.3).version == seen  # a watcher sleeps through it
+    assert time.monotonic() - started >= 0.29
     progress.layer_done(0)
     answer = progress.watch("t1", seen, wait_s=0)
     assert answer.version > seen and (list(answer.block_ids), answer.num_partial_layers) == ([7, 8], 1)
