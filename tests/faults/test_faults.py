@@ -13,7 +13,7 @@ def _stats(hits: dict[str, int], pinned: int = 0) -> WorkerStats:
 def test_a_store_node_is_being_read_when_its_own_tiers_served_blocks_since_the_look_before():
     store_being_read = kill_store_node()._busy
     before = _stats({"dram": 4, "remote": 2})
-    assert store_being_read(before, _stats({"dram": 4, "nvme": 3, "remote": 2}))   # its engine loaded, or a peer fetched
-    assert not store_being_read(before, _stats({"dram": 4, "remote": 9}))          # it fetched other nodes' blocks
+    assert store_being_read(before, _stats({"dram": 4, "nvme": 3, "remote": 2}))  # its engine loaded, or a peer fetched
+    assert not store_being_read(before, _stats({"dram": 4, "remote": 9}))  # it fetched other nodes' blocks
     assert not store_being_read(before, _stats({"dram": 4, "remote": 2}, pinned=6))  # pinned by a write to NVMe
-    assert not store_being_read(None, _stats({"dram": 9}))                          # the first look: nothing to compare
+    assert not store_being_read(None, _stats({"dram": 9}))  # the first look: nothing to compare

@@ -143,7 +143,6 @@ def test_the_batch_queue_step_of_async_scheduling_skips_only_with_no_batch_in_fl
         assert queued == ({0: "outputs"}, True) and engine_core.steps[0] == "step_with_batch_queue"
 
 
-
 class _WaitingScheduler:
     """Requests that all wait for KV: each schedule is an empty batch."""
 

@@ -55,16 +55,17 @@ class RecordingReader:
         self.landed.append((list(src_ids), layers))
 
 
-def _step(num_partial_tokens: int, version: int = 1) -> kv_transfer_pb2.WatchResponse:
-    return kv_transfer_pb2.WatchResponse(version=version, started=True, block_ids=[5, 6], num_ready_tokens=0,
+def _step(num_partial_tokens: int) -> kv_transfer_pb2.WatchResponse:
+    return kv_transfer_pb2.WatchResponse(version=1, started=True, block_ids=[5, 6], num_ready_tokens=0,
                                          num_partial_tokens=num_partial_tokens)
 
 
 def _read(clock: FakeClock, answers: list[kv_transfer_pb2.WatchResponse]) -> RecordingReader:
     reader = RecordingReader()
     target = LayerwiseTarget(block_size=4, num_tokens=8, num_layers=2, idle_timeout_s=IDLE_S)
-    list(read_layerwise(reader, ScriptedControl(clock, answers), PeerLink("peer:1", "shm"), "t1", [0, 1], [0, 1], HASHES,
-                        target, LayerwiseTiming(), ReadOptions(verify=False)))
+    control, link = ScriptedControl(clock, answers), PeerLink("peer:1", "shm")
+    list(read_layerwise(reader, control, link, "t1", [0, 1], [0, 1], HASHES, target, LayerwiseTiming(),
+                        ReadOptions(verify=False)))
     return reader
 
 
