@@ -74,12 +74,35 @@ class RegisteredMemoryReader:
                     options: ReadOptions = ReadOptions()) -> None:
         """Moves `layers` of the transfer's blocks at block_indexes (the producer's blocks src_ids)
         into local blocks dst_ids, now, filling those layers' columns of `digests` (a row per block;
-        None: not verifying). The layer-wise flow's step (pdmesh/transport/layerwise_read.py)."""
-        copies = [replace(copy, layer=layer)
-                  for layer in layers
-                  for copy in copy_plan([link.regions[layer]], [self._local[layer]], src_ids, dst_ids)]
-        if copies:
-            self._finish(link, self._start(link, copies), digests, options)
+        None: not verifying). The layer-wise flow's step (pdmesh/transport/layerwise_read.py). At most
+        BATCH_NBYTES a batch (one block's layers when larger), as read_blocks moves: a Mooncake
+        batch lands in a staging slab of that size; the next batch is in flight while one is copied out."""
+        batches = self._layer_batches(link, src_ids, dst_ids, layers)
+        started = self._start(link, batches[0]) if batches else None
+        for number in range(len(batches)):
+            following = self._start(link, batches[number + 1]) if number + 1 < len(batches) else None
+            try:
+                self._finish(link, started, digests, options)
+            except BaseException:
+                self._abandon(following)
+                raise
+            started = following
+
+    def _layer_batches(self, link: PeerLink, src_ids: Sequence[int], dst_ids: Sequence[int],
+                       layers: range) -> list[list[Copy]]:
+        """The copies moving `layers` of the blocks, in batches of at most BATCH_NBYTES (whole blocks)."""
+        nbytes_per_block = sum(self._local[layer].block_nbytes for layer in layers)
+        per_batch = max(1, BATCH_NBYTES // max(1, nbytes_per_block))
+        batches = []
+        for start in range(0, len(src_ids), per_batch):
+            end = min(start + per_batch, len(src_ids))
+            copies = [replace(copy, layer=layer, first=copy.first + start)
+                      for layer in layers
+                      for copy in copy_plan([link.regions[layer]], [self._local[layer]], src_ids[start:end],
+                                            dst_ids[start:end])]
+            if copies:
+                batches.append(copies)
+        return batches
 
     def piece_columns(self, layers: range) -> list[int]:
         return piece_columns([region.num_parts for region in self._local], layers)

@@ -70,9 +70,13 @@ class MooncakeKVReader(RegisteredMemoryReader):
             self._quarantine(started.slab)
 
     def _start_pieces(self, link: PeerLink, copies: list[Copy], pieces: Sequence[tuple[int, int]]) -> _Started:
-        """Starts reading (remote address, nbytes) pieces back to back into a slab."""
+        """Starts reading (remote address, nbytes) pieces back to back into a slab; refuses pieces
+        that do not fit one (the engine would write past it, into this process's memory)."""
+        offsets = np.cumsum([0] + [nbytes for _, nbytes in pieces]).tolist()
+        if offsets[-1] > self._slab_nbytes:
+            raise ValueError(f"a Mooncake batch of {offsets[-1]} bytes does not fit a {self._slab_nbytes}-byte slab")
+        offsets.pop()
         slab = self._take()
-        offsets = np.cumsum([0] + [nbytes for _, nbytes in pieces[:-1]]).tolist()
         try:
             batch_ids = self._engine.start_read(link.mooncake_session, [slab.ctypes.data + o for o in offsets],
                                                 [address for address, _ in pieces], [n for _, n in pieces])
