@@ -236,6 +236,13 @@ class TieredBlockStore:
                 self._drop(block_hash, events)
         self._emit(events)
 
+    def close(self) -> None:
+        """Closes the tiers that hold files: the NVMe tier's directory is free for the next store."""
+        for tier in self._tiers:
+            close = getattr(tier, "close", None)
+            if close is not None:
+                close()
+
     # ---- internals (lock held) ----
     def _admit(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> int:
         """Places new blocks as if put one by one: a batch larger than the tier puts its oldest

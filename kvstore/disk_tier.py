@@ -3,6 +3,10 @@ append-only journal says what each slot holds.
 
     slab.bin     capacity_blocks slots of block_nbytes: payloads only
     journal.log  records: place(slot, block header) once the slot's payload is durable; free(slot)
+    tier.lock    held (flock) for the tier's life: one tier per directory
+
+The directory is 0700 and its files 0600, whatever the umask (kvstore/tier_dir.py says which
+directories are tightened and which refused).
 
 A batch of n blocks costs one vectored write per run of consecutive slots, one fdatasync of the
 slab, one append of n place records and one fdatasync of the journal (the commit record) — not
@@ -26,6 +30,7 @@ import contextlib
 import logging
 import mmap
 import os
+import re
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -38,6 +43,7 @@ import xxhash
 from kvstore.block_hash import HASH_NBYTES
 from kvstore.block_key import BlockKey
 from kvstore.tier import FreeSlots, check_rows, contiguous_runs
+from kvstore.tier_dir import check_own_files, lock_directory, make_private_dir, open_private, remove_own_files, unlock
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,8 @@ _RECORD_MAGIC = b"PDKJ"
 _PLACE, _FREE = 1, 2
 SLAB_NAME = "slab.bin"
 JOURNAL_NAME = "journal.log"
+TMP_JOURNAL_NAME = f".tmp-{JOURNAL_NAME}"   # a rewrite's copy, until its rename
+_V1_BLOCK = re.compile(rf"(?P<copy>\.tmp-)?[0-9a-f]{{{2 * HASH_NBYTES}}}\.blk")  # v1's file per block, its copy
 _COMPACT_MIN_BYTES = 1 << 20
 
 
@@ -153,21 +161,31 @@ class DiskTier:
 
     def __init__(self, directory: str | Path, capacity_bytes: int, block_nbytes: int, fsync: bool = True) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
+        self._lock_fd = lock_directory(self.directory)
+        self._slab_fd = self._journal_fd = -1
+        self._direct: _DirectWriter | None = None
+        try:
+            self._open(capacity_bytes, block_nbytes, fsync)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, capacity_bytes: int, block_nbytes: int, fsync: bool) -> None:
         self.capacity_blocks = capacity_bytes // block_nbytes
         self._block_nbytes = block_nbytes
         self._fsync = fsync
         self.num_journal_errors = 0   # records and rewrites the disk had no room for
         self._journal_path = self.directory / JOURNAL_NAME
         self._journal_lock = threading.Lock()
+        check_own_files(self.directory, (SLAB_NAME, JOURNAL_NAME, TMP_JOURNAL_NAME))
         self._remove_debris()
         self._live, whole_nbytes = _replay(self._journal_path, block_nbytes, self.capacity_blocks)
         self._live_nbytes = sum(len(entry.record) for entry in self._live.values())  # kept as records come and go
         self._recovered = list(self._live.items())
-        self._slab_fd = os.open(self.directory / SLAB_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        self._slab_fd = open_private(self.directory / SLAB_NAME, os.O_RDWR | os.O_CREAT)
         os.ftruncate(self._slab_fd, self.capacity_blocks * block_nbytes)
         self._direct = _DirectWriter.open(self.directory / SLAB_NAME, block_nbytes)
-        self._journal_fd = -1
         self._failed_rewrite_nbytes = 0   # the journal's size when a rewrite last found no room
         self._open_journal(whole_nbytes)
         self._free_slots = FreeSlots("nvme", self.capacity_blocks, self._live)
@@ -239,6 +257,9 @@ class DiskTier:
         if self._direct is not None:
             self._direct.close()
             self._direct = None
+        if self._lock_fd >= 0:
+            unlock(self._lock_fd)
+            self._lock_fd = -1
 
     # ---- journal upkeep ----
     def _append(self, records: bytes) -> None:
@@ -259,7 +280,7 @@ class DiskTier:
         except OSError as exc:
             self.num_journal_errors += 1
             logger.warning("nvme: journal not rewritten at start (%s); appending to it as it is", exc)
-            self._journal_fd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._journal_fd = open_private(self._journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             os.ftruncate(self._journal_fd, whole_nbytes)
 
     def _compact_if_grown(self) -> None:
@@ -277,9 +298,9 @@ class DiskTier:
     def _rewrite_journal(self) -> None:
         """Replaces the journal by the live blocks' place records (tmp, fsync, rename, dir fsync);
         a copy the disk had no room for is removed again."""
-        tmp = self.directory / f".tmp-{JOURNAL_NAME}"
+        tmp = self.directory / TMP_JOURNAL_NAME
         try:
-            with open(tmp, "wb") as file:
+            with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as file:
                 file.write(b"".join(entry.record for entry in self._live.values()))
                 if self._fsync:
                     file.flush()
@@ -291,12 +312,13 @@ class DiskTier:
         self._sync_directory()
         if self._journal_fd >= 0:
             os.close(self._journal_fd)
-        self._journal_fd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND)
+        self._journal_fd = open_private(self._journal_path, os.O_WRONLY | os.O_APPEND)
 
     def _remove_debris(self) -> None:
-        for path in self.directory.iterdir():
-            if path.name.startswith(".tmp-") or path.suffix == ".blk":  # a crashed rewrite; v1's file per block
-                path.unlink(missing_ok=True)
+        """Removes a crashed rewrite's copy and v1's files, and nothing else the directory holds."""
+        removed = remove_own_files(self.directory, _is_debris)
+        if removed:
+            logger.info("nvme: removed %d files a crashed or older tier left in %s", len(removed), self.directory)
 
     def _sync_directory(self) -> None:
         if not self._fsync:
@@ -328,7 +350,7 @@ class _DirectWriter:
         if block_nbytes % cls.PAGE or not hasattr(os, "O_DIRECT"):
             return None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+            fd = os.open(path, os.O_WRONLY | os.O_DIRECT | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:  # tmpfs and some others refuse O_DIRECT
             return None
         return cls(fd, block_nbytes)
@@ -347,6 +369,18 @@ class _DirectWriter:
     def close(self) -> None:
         os.close(self._fd)
         self._bounce.close()
+
+
+def _is_debris(path: Path) -> bool:
+    """A file the tier made and no longer uses (asked only of this user's regular files): the
+    rewrite's copy, v1's copies, and v1's block files (their header's magic says so)."""
+    if path.name == TMP_JOURNAL_NAME:
+        return True
+    v1_file = _V1_BLOCK.fullmatch(path.name)
+    if v1_file is None or v1_file["copy"]:
+        return v1_file is not None
+    with open(path, "rb") as file:
+        return file.read(len(MAGIC)) == MAGIC
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

@@ -150,6 +150,7 @@ def test_nvme_blocks_are_found_again_after_a_restart(tmp_path):
     for i, key in enumerate(k):
         store.put(key, payload(i))
     store.spill("nvme")
+    store.close()
     restarted = three_tier_store(tmp_path, nvme_blocks=4)
     assert restarted.longest_prefix(k) == 2
     assert bytes(restarted.read(k[0])[0]) == payload(0)

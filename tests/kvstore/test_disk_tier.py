@@ -7,6 +7,7 @@ import pytest
 
 import kvstore.disk_tier as disk_tier
 from kvstore.disk_tier import JOURNAL_NAME, DiskTier, decode_header, encode_header
+from kvstore.tier_dir import LOCK_NAME
 from tests.kvstore.factories import BLOCK_NBYTES, keys, payload
 
 
@@ -75,7 +76,7 @@ def test_a_batch_lands_in_one_slab_and_survives_a_restart_with_frees_and_a_torn_
     found = list(reopened.recovered())
     assert [(key, slot, checksum) for key, slot, checksum in found] == [(k[0], 0, 100), (k[2], 2, 102),
                                                                         (k[3], 3, 103)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [JOURNAL_NAME, "slab.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [JOURNAL_NAME, "slab.bin", LOCK_NAME]
     assert reopened.num_free == 3 and reopened.allocate(1) == [1]
     assert _read(reopened, [3]) == [payload(3)]
 
@@ -144,7 +145,7 @@ def test_a_tier_whose_disk_is_full_opens_with_its_blocks_and_appends_after_its_l
     assert [(key, slot) for key, slot, _ in reopened.recovered()] == [(k[0], 0), (k[2], 2)]
     assert _read(reopened, [0, 2]) == [payload(0), payload(2)]
     assert reopened.num_journal_errors == 1
-    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", JOURNAL_NAME, "slab.bin"]
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", JOURNAL_NAME, "slab.bin", LOCK_NAME]
     filler.unlink()
     reopened.write_many(reopened.allocate(1), k[3:], _rows(3, 1), [3])  # appended after the torn tail was cut
     reopened.close()

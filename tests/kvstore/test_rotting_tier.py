@@ -55,4 +55,5 @@ def test_the_store_settings_rot_only_the_tiers_named(tmp_path):
     tiers = build_tiers(settings, BLOCK_NBYTES, "cpu", rot_tiers=["dram"])
     assert [(t.name, isinstance(t, RottingTier)) for t in tiers] == [("device", False), ("dram", True),
                                                                     ("nvme", False)]
+    tiers[-1].close()   # frees the NVMe directory for the next tiers
     assert all(not isinstance(t, RottingTier) for t in build_tiers(settings, BLOCK_NBYTES, "cpu"))
