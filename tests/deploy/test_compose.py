@@ -13,9 +13,11 @@ import pytest
 import yaml
 
 from pdmesh.config import GatewaySettings, WorkerSettings
+from tests.deploy.rendered import init_compose_secrets
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PDMESH_SERVICES = ("prefill", "decode", "gateway")
+SECRETS_DIR = "/etc/pdmesh/secrets"   # where the services mount the stack's secrets volume
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def _settings(service: dict):
 
 def test_services_run_the_three_roles_and_the_observability_stack(compose):
     assert sorted(compose["services"]) == ["decode", "gateway", "grafana", "otel-collector", "prefill", "prometheus",
-                                           "redis"]
+                                           "redis", "secrets-init"]
     assert [_settings(compose["services"][name])[0] for name in PDMESH_SERVICES] == list(PDMESH_SERVICES)
 
 
@@ -45,8 +47,10 @@ def test_gateway_points_at_the_workers_ports_and_workers_advertise_reachable_kv(
     assert gateway.decode_workers == [f"decode:{decode.port}"]
     assert (prefill.kv_host, prefill.kv_advertise_host) == ("0.0.0.0", "prefill")
     assert prefill.host == decode.host == gateway.host == "0.0.0.0"
-    assert services["gateway"]["ports"] == [f"${{PDMESH_GRPC_PORT:-{gateway.port}}}:{gateway.port}",
-                                            f"${{PDMESH_HTTP_PORT:-{gateway.http_port}}}:{gateway.http_port}"]
+    publish_host = "${PDMESH_PUBLISH_HOST:-127.0.0.1}"
+    assert services["gateway"]["ports"] == [
+        f"{publish_host}:${{PDMESH_GRPC_PORT:-{gateway.port}}}:{gateway.port}",
+        f"{publish_host}:${{PDMESH_HTTP_PORT:-{gateway.http_port}}}:{gateway.http_port}"]
 
 
 def test_workers_register_under_the_names_the_gateway_dials_in_the_redis_service(compose):
@@ -55,8 +59,7 @@ def test_workers_register_under_the_names_the_gateway_dials_in_the_redis_service
     for role in ("prefill", "decode"):
         _, worker = _settings(services[role])
         assert (worker.advertise_host, worker.registry.redis_url) == (role, "redis://redis:6379/0")
-        assert services[role]["environment"]["PDMESH_WORKER_REGISTRY__REDIS_PASSWORD"].startswith(
-            "${PDMESH_REDIS_PASSWORD")
+        assert services[role]["environment"]["PDMESH_WORKER_CONFIG_FILE"] == f"{SECRETS_DIR}/worker.json"
     assert gateway.registry.redis_url == gateway.kv_index_redis_url == "redis://redis:6379/0"
     assert gateway.route_policy == "prefix_aware"
 
@@ -77,9 +80,6 @@ def test_prefill_keeps_its_kv_store_on_a_volume_and_indexes_it_in_the_redis_serv
     _, prefill = _settings(services["prefill"])
     assert prefill.store.enabled and prefill.store.redis_url == "redis://redis:6379/0"
     assert f"kvstore:{prefill.store.nvme_dir}" in services["prefill"]["volumes"] and "kvstore" in compose["volumes"]
-    redis_command = services["redis"]["command"]
-    password = services["prefill"]["environment"]["PDMESH_WORKER_STORE__REDIS_PASSWORD"]
-    assert redis_command[redis_command.index("--requirepass") + 1] == password
 
 
 def test_healthcheck_probes_the_worker_port(compose):
@@ -123,8 +123,10 @@ def _mounts(service: dict) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("variant", ["cuda", "ascend"])
-def test_accelerator_variants_serve_the_mounted_model_on_kv_over_mooncake(variant):
+def test_accelerator_variants_serve_the_mounted_model_with_mooncake_only_where_its_network_is_named(variant, tmp_path,
+                                                                                                     monkeypatch):
     services = _merged(variant)["services"]
+    assert init_compose_secrets(tmp_path).returncode == 0   # the files the workers' config names
     _, gateway = _settings(services["gateway"])
     assert gateway.tokenizer == "/models/model" and "/models" in _mounts(services["gateway"])
     for role in ("prefill", "decode"):
@@ -137,11 +139,13 @@ def test_accelerator_variants_serve_the_mounted_model_on_kv_over_mooncake(varian
         assert service["build"]["dockerfile"].endswith(f"Dockerfile.{variant}")
         with pytest.MonkeyPatch.context() as env:
             for name, value in environment.items():
-                env.setenv(name, str(value))
+                env.setenv(name, str(value).replace(SECRETS_DIR, str(tmp_path)))
             _, worker = _settings(service)
-        assert (worker.engine.model, worker.engine.dtype, worker.kv_transport) == ("/models/model", "bfloat16",
-                                                                                   "mooncake")
+        assert (worker.engine.model, worker.engine.dtype, worker.kv_transport) == ("/models/model", "bfloat16", "auto")
+        assert not worker.kv_transport_settings.allows("mooncake")   # its port serves any peer: off by default
         assert "/models" in _mounts(service)
+    monkeypatch.setenv("PDMESH_DECODE_MOONCAKE_HOST", "10.9.0.2")   # the operator names the data network
+    assert _merged(variant)["services"]["decode"]["environment"]["PDMESH_WORKER_MOONCAKE_HOST"] == "10.9.0.2"
 
 
 def test_the_cuda_variant_gives_each_worker_its_own_gpu():

