@@ -48,7 +48,7 @@ from kvstore.tier_dir import check_own_files, lock_directory, make_private_dir, 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"PDKV"
-VERSION = 2
+VERSION = 3  # 3: SHA-256 block names; an older journal's blocks are dropped at start, never served
 _FIXED = struct.Struct(f"<4sH{HASH_NBYTES}s{HASH_NBYTES}sIQQ")  # magic, version, hash, parent, n tokens, size, sum
 _HEADER_SUM = struct.Struct("<Q")
 _RECORD = struct.Struct("<4sBII")  # magic, kind, slot, body size; then the body and its record's xxh3-64

@@ -78,6 +78,9 @@ def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
         "max_num_seqs": engine.max_num_seqs,
         "enforce_eager": engine.enforce_eager,
         "enable_prefix_caching": engine.enable_prefix_caching,
+        # vLLM's own prefix cache names blocks by SHA-256 (its default since CVE-2025-25183), pinned
+        # here so that no default change makes it xxhash, as pdmesh's own block names are not
+        "prefix_caching_hash_algo": "sha256",
         "seed": engine.seed,
         "tensor_parallel_size": engine.tensor_parallel_size,
     }

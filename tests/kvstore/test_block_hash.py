@@ -1,6 +1,10 @@
+import hashlib
 import os
+import struct
 import subprocess
 import sys
+
+import xxhash
 
 from kvstore.block_hash import ROOT_PARENT, chain_block_hashes, hash_block
 
@@ -42,16 +46,17 @@ def test_hashes_are_identical_in_other_processes_with_other_hash_seeds():
         assert out.stdout.strip().split(",") == GOLDEN
 
 
-# Pinned: changing the hash formula invalidates every stored block and index entry.
-GOLDEN = ["035fb01e9d84b54a78ace7bc8b7c7874", "3b1693a4584e9d6ffb1c4177867755b8",
-          "e80e30199a291aead7bc4f6e64a9cc1f"]
+# Pinned: changing the hash formula invalidates every stored block and index entry (and needs
+# pdmesh/compat.py's LAYOUT_VERSION bumped). xxh3-128 until LAYOUT_VERSION 2, SHA-256 since.
+GOLDEN = ["4f091ed77226dc072457201ef7d2e4fa", "61c92852005812363e8237588b93b991",
+          "c7a9cdc3c86d68192b39ec5222bc34d5"]
 
 
-def test_formula_is_the_documented_byte_string():
-    import struct
-
-    import xxhash
-
-    expected = xxhash.xxh3_128_digest(
-        struct.pack("<I", len(SEED)) + SEED + ROOT_PARENT + struct.pack("<I", 0) + struct.pack("<32i", *TOKENS[:32]))
-    assert hash_block(SEED, ROOT_PARENT, TOKENS[:32]) == expected
+def test_a_name_is_the_first_128_bits_of_sha256_over_the_documented_byte_string():
+    salt = b"tenant-salt"
+    hashed = (struct.pack("<I", len(SEED)) + SEED + ROOT_PARENT + struct.pack("<I", len(salt)) + salt
+              + struct.pack("<32i", *TOKENS[:32]))
+    expected = hashlib.sha256(hashed).digest()[:16]
+    assert hash_block(SEED, ROOT_PARENT, TOKENS[:32], salt) == expected
+    assert chain_block_hashes(SEED, TOKENS, 32, salt)[0] == expected
+    assert expected != xxhash.xxh3_128_digest(hashed)  # not the xxh3-128 names of LAYOUT_VERSION 1

@@ -8,7 +8,7 @@ import pytest
 
 from pdmesh.config import WorkerSettings
 from pdmesh.connector.connector import _advertised
-from pdmesh.engine import apply_cpu_env, kv_transfer_config
+from pdmesh.engine import apply_cpu_env, engine_kwargs, kv_transfer_config
 
 ENGINE_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
               "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
@@ -46,3 +46,7 @@ def test_engines_run_without_onednns_global_primitive_cache_by_default(engine_en
 def test_the_onednn_cache_capacity_is_a_setting(engine_env):
     apply_cpu_env(WorkerSettings.from_cli(["--role", "decode", "--engine.onednn_primitive_cache_capacity", "1024"]).engine)
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+
+
+def test_vllms_prefix_cache_names_blocks_by_sha256():
+    assert engine_kwargs(WorkerSettings.from_cli(["--role", "prefill"]).engine)["prefix_caching_hash_algo"] == "sha256"
