@@ -15,9 +15,12 @@ from pdmesh.v1 import common_pb2
 
 
 class PrefixIndex:
-    def __init__(self, redis_url: str, password: str | None = None, timeout_s: float = 0.2) -> None:
+    def __init__(self, redis_url: str, password: str | None = None, timeout_s: float = 0.2,
+                 mesh_token: str | None = None) -> None:
+        """mesh_token: entries must carry the workers' signature (unsigned ones are ignored, counted)."""
         self._url = redis_url
         self._password = password
+        self._mesh_token = mesh_token
         self._timeout_s = timeout_s
         self._indexes: dict[str, RedisBlockIndex] = {}   # model fingerprint: its index
 
@@ -30,6 +33,11 @@ class PrefixIndex:
         return await asyncio.to_thread(prompt_holders, self._index(compat), fingerprint_seed(compat),
                                        prompt_token_ids, compat.block_size, cache_salt)
 
+    @property
+    def num_rejected(self) -> int:
+        """Entries read and ignored for a missing or wrong signature, over every model's index."""
+        return sum(index.num_rejected for index in list(self._indexes.values()))
+
     def close(self) -> None:
         for index in self._indexes.values():
             index.close()
@@ -38,5 +46,6 @@ class PrefixIndex:
         fingerprint = compat.model_fingerprint
         if fingerprint not in self._indexes:
             self._indexes[fingerprint] = RedisBlockIndex.connect(
-                self._url, self._password, namespace=fingerprint, node="gateway", ttl_s=0, timeout_s=self._timeout_s)
+                self._url, self._password, namespace=fingerprint, node="gateway", ttl_s=0, timeout_s=self._timeout_s,
+                mesh_token=self._mesh_token)
         return self._indexes[fingerprint]

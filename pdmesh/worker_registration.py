@@ -36,7 +36,8 @@ class WorkerRegistration:
                               model_fingerprint=info.compat.model_fingerprint,
                               max_num_seqs=settings.engine.max_num_seqs, num_kv_blocks=stats["num_kv_blocks"],
                               started_at=time.time(), updated_at=time.time())
-        self._publisher = RegistryPublisher(settings.registry, record, load=lambda: self._load)
+        self._publisher = RegistryPublisher(settings.registry, record, load=lambda: self._load,
+                                            mesh_token=settings.mesh_token)
         self._task = asyncio.create_task(self._refresh_load())
         await self._publisher.start()
 

@@ -85,7 +85,7 @@ class StoreAgent:
         tiers = build_tiers(settings, compat.block_nbytes, device, rot_tiers)
         self.index = (RedisBlockIndex.connect(settings.redis_url, settings.redis_password,
                                               namespace=compat.model_fingerprint, node="",
-                                              ttl_s=settings.index_ttl_s)
+                                              ttl_s=settings.index_ttl_s, mesh_token=auth.token if auth else None)
                       if settings.redis_url else None)
         self.store = TieredBlockStore(tiers, compat.block_nbytes)
         self.exports = StoreExports(self.store, pieces, settings.export_bytes, hold_s=2 * settings.fetch_timeout_s)

@@ -13,8 +13,9 @@ from redis.exceptions import RedisError
 
 from pdmesh.background import cancel_task, wait_or_cancel
 from pdmesh.config import RegistrySettings
+from pdmesh.mesh_signing import REGISTRY_PURPOSE, signer_for
 from pdmesh.registry.keys import delete_record, record_key, write_record
-from pdmesh.registry.record import WorkerRecord, encode_record
+from pdmesh.registry.record import WorkerRecord, seal_record
 from pdmesh.registry.redis_client import SOCKET_TIMEOUT_S, OutageLog, connect
 
 logger = logging.getLogger(__name__)
@@ -31,11 +32,13 @@ class WorkerLoad:
 
 class RegistryPublisher:
     """Writes the record with its TTL every `heartbeat_s`; a failed write is logged (once per outage),
-    counted and retried at the next beat, so a restarted, empty Redis has it back one beat later."""
+    counted and retried at the next beat, so a restarted, empty Redis has it back one beat later.
+    With the mesh token every write is signed (with its key), as gateways holding the token require."""
 
     def __init__(self, settings: RegistrySettings, record: WorkerRecord,
-                 load: Callable[[], WorkerLoad] | None = None) -> None:
+                 load: Callable[[], WorkerLoad] | None = None, mesh_token: str | None = None) -> None:
         self.settings = settings
+        self._signer = signer_for(mesh_token, REGISTRY_PURPOSE)
         self.record = WorkerRecord()
         self.record.CopyFrom(record)
         self.key = record_key(settings.prefix, record.role, record.address)
@@ -93,7 +96,8 @@ class RegistryPublisher:
         self.record.num_running, self.record.num_waiting = load.num_running, load.num_waiting
         self.record.kv_cache_usage, self.record.updated_at = load.kv_cache_usage, time.time()
         try:
-            await write_record(self._client, self.settings.prefix, self.key, encode_record(self.record),
+            await write_record(self._client, self.settings.prefix, self.key,
+                               seal_record(self.record, self.key, self._signer),
                                max(1, int(self.settings.ttl_s * 1000)))
         except (RedisError, OSError) as exc:
             self._redis_log.failed(exc)

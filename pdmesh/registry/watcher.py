@@ -1,5 +1,7 @@
 """The gateway side: re-reads the registry every `poll_s` into a snapshot of the pool. While Redis is
-unreachable the last snapshot stays (the gateway's own failure detection removes dead workers)."""
+unreachable the last snapshot stays (the gateway's own failure detection removes dead workers).
+A record under a key not its own is ignored and counted (num_rejected); with the mesh token, so is
+one without the workers' signature: a write to Redis alone cannot add or impersonate a worker."""
 
 from __future__ import annotations
 
@@ -11,23 +13,27 @@ from redis.exceptions import RedisError
 
 from pdmesh.background import cancel_task
 from pdmesh.config import RegistrySettings
+from pdmesh.mesh_signing import REGISTRY_PURPOSE, signer_for
 from pdmesh.registry.keys import read_records
-from pdmesh.registry.record import WorkerRecord, decode_record
+from pdmesh.registry.record import UntrustedRecord, WorkerRecord, open_record
 from pdmesh.registry.redis_client import OutageLog, connect
 
 logger = logging.getLogger(__name__)
 
 
 class RegistryWatcher:
-    def __init__(self, settings: RegistrySettings) -> None:
+    def __init__(self, settings: RegistrySettings, mesh_token: str | None = None) -> None:
+        """mesh_token: the workers' signing secret; None reads records unsigned (as they are written then)."""
         self.settings = settings
+        self._signer = signer_for(mesh_token, REGISTRY_PURPOSE)
         self.workers: dict[str, WorkerRecord] = {}   # address → its latest record
         self.num_polls = 0           # successful reads
         self.num_malformed = 0       # values skipped, counted at every read that met them
+        self.num_rejected = 0        # well-formed values not believed (signature, key), counted the same way
         self._client: aioredis.Redis | None = None
         self._task: asyncio.Task | None = None
         self._redis_log = OutageLog("registry poll")
-        self._malformed_logged: set[tuple[str, bytes]] = set()
+        self._skipped_logged: set[tuple[str, bytes]] = set()
 
     @property
     def num_errors(self) -> int:
@@ -83,15 +89,19 @@ class RegistryWatcher:
         workers: dict[str, WorkerRecord] = {}
         for key, value in values.items():
             try:
-                record = decode_record(value)
+                record = open_record(self.settings.prefix, key, value, self._signer)
+            except UntrustedRecord as exc:
+                self.num_rejected += 1
+                self._log_skipped("untrusted", key, value, exc)
+                continue
             except ValueError as exc:
-                self._skip_malformed(key, value, exc)
+                self.num_malformed += 1
+                self._log_skipped("malformed", key, value, exc)
                 continue
             workers[record.address] = record
         return workers
 
-    def _skip_malformed(self, key: str, value: bytes, exc: Exception) -> None:
-        self.num_malformed += 1
-        if (key, value) not in self._malformed_logged:
-            self._malformed_logged.add((key, value))
-            logger.warning("registry: skipping malformed record under %s (%s)", key, exc)
+    def _log_skipped(self, why: str, key: str, value: bytes, exc: Exception) -> None:
+        if (key, value) not in self._skipped_logged:
+            self._skipped_logged.add((key, value))
+            logger.warning("registry: skipping %s record under %s (%s)", why, key, exc)

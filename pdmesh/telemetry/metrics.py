@@ -60,6 +60,9 @@ class MeshMetrics:
                                         "(remote: a prefill worker; local: the decode worker), and why",
                                         ["role", "decision", "reason"], registry=r)
         self.healthy = Gauge("pdmesh_worker_healthy", "1 while the process serves", ["role"], registry=r)
+        self.redis_rejected = Gauge("pdmesh_redis_rejected_entries", "Entries read from Redis and ignored so far: "
+                                    "no valid mesh signature, or not under their own key", ["role", "source"],
+                                    registry=r)
 
     def serve(self, host: str, port: int) -> str:
         """Starts the /metrics HTTP endpoint; returns host:port bound."""
