@@ -1,12 +1,11 @@
 """API keys of the gateway: `Authorization: Bearer <key>` (gRPC metadata or HTTP header) -> tenant.
 
-Each tenant's requests carry a cache salt derived from the tenant's name, so vLLM's prefix cache,
-the KV store and prefix-aware routing keep tenants apart: one tenant never hits another's prefix.
+Each tenant's requests carry a cache salt keyed by the mesh's secret (gateway/cache_salt.py), so vLLM's
+prefix cache, the KV store and prefix-aware routing keep tenants apart: one tenant never hits another's prefix.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 from pdmesh.errors import Unauthenticated
@@ -36,12 +35,3 @@ class ApiKeyAuth:
             if hmac.compare_digest(known.encode(), key.encode()):
                 return tenant
         raise Unauthenticated("unknown API key")
-
-
-def cache_salt_of(tenant: str, request_salt: str = "") -> str:
-    """The cache salt sent to the workers: the tenant's (if any) combined with the request's own
-    (vLLM's `cache_salt`); empty when neither is set, so anonymous requests share one cache."""
-    if not tenant and not request_salt:
-        return ""
-    digest = hashlib.sha256(f"pdmesh-tenant\0{tenant}\0{request_salt}".encode()).hexdigest()
-    return digest[:32]

@@ -13,8 +13,9 @@ locally. The model, in seconds until the request's first token:
            that decode waits while it computes the prompt (their inter-token latency)
 
 "Must compute" is the effective input length: the prompt minus the prefix that worker's prefix
-cache likely holds, estimated from the prompts this gateway sent it (gateway/seen_prefixes.py). A
-mostly cached prompt is cheap on whichever side holds it.
+cache likely holds, estimated from the prompts this gateway sent it under the same cache salt (the
+engines' caches are salted alike; gateway/seen_prefixes.py). A mostly cached prompt is cheap on
+whichever side holds it.
 
 Local wins when it is cheaper AND either the decode is idle or the stall stays within
 `max_local_stall_s`. The rates and the handoff are exponential moving averages of what this gateway
@@ -97,12 +98,12 @@ class DisaggPolicy:
         self.decisions: Counter[tuple[bool, str]] = Counter()
 
     def decide(self, prompt_token_ids: Sequence[int], prefill_address: str, decode_address: str,
-               decode_busy: bool) -> Decision:
-        """Where this request's prompt is computed; remembers which workers now hold it."""
+               decode_busy: bool, cache_salt: str = "") -> Decision:
+        """Where this request's prompt is computed; remembers which workers now hold it (under its salt)."""
         if self.name != "conditional":
             decision = Decision(local=self.name == "local", reason="policy")
         else:
-            hashes = prefix_hashes(prompt_token_ids, self.seen.block_tokens)
+            hashes = prefix_hashes(prompt_token_ids, self.seen.block_tokens, cache_salt)
             num_tokens = len(prompt_token_ids)
             decision = self._decide(num_tokens, prefill_address, decode_address, decode_busy,
                                     self.seen.cached_tokens(prefill_address, hashes, num_tokens),

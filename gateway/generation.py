@@ -1,21 +1,28 @@
 """The gateway's generation pipeline behind both APIs (gRPC and OpenAI HTTP): admission, limits,
-tokenization, the tenant's cache salt, routing and failover (RequestRun), and the response stream."""
+tokenization, the tenant's cache salt, routing and failover (RequestRun), and the response stream.
+
+The request id the workers and their engines see is minted here, unguessable, per request: engines
+abort, and prefill workers free pinned KV, by that id, so an id a client chose could name another
+tenant's request (a duplicate or a cancel with that id would free its KV). The client's
+`request_id` is a label only: echoed in the responses, on the gateway's span and in its logs."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import uuid
 from collections.abc import AsyncIterator
 
-from gateway.auth import cache_salt_of
+from gateway.admission import Admission
+from gateway.cache_salt import CacheSalts, salt_key
 from gateway.disagg import DisaggCosts, DisaggPolicy
 from gateway.pool import WorkerPool
 from gateway.request_run import MeshRequest, RequestRun
 from gateway.routing import RoutePolicy
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.config import GatewaySettings
-from pdmesh.errors import InvalidRequest, ModelNotFound, Overloaded, PDMeshError
+from pdmesh.errors import InvalidRequest, ModelNotFound, PDMeshError
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import request_context, tracer
@@ -23,6 +30,7 @@ from pdmesh.validation import check_prompt, check_sampling
 from pdmesh.v1 import generate_pb2, worker_pb2
 
 logger = logging.getLogger(__name__)
+MAX_ID_PREFIX = 64   # characters of the client's request id kept in front of the engines' id
 
 
 class MeshGenerator:
@@ -36,7 +44,8 @@ class MeshGenerator:
         self.disagg = DisaggPolicy(settings.disagg_policy,
                                    DisaggCosts(settings.disagg_initial_tokens_per_s, settings.disagg_initial_handoff_s),
                                    settings.max_local_stall_s)
-        self.num_in_flight = 0
+        self.admission = Admission(settings.max_in_flight, settings.max_in_flight_per_tenant)
+        self._salts = CacheSalts(salt_key(settings.salt_secret, settings.mesh_token))
 
     async def list_models(self) -> generate_pb2.ListModelsResponse:
         info = await self._pool.any_info()
@@ -53,29 +62,30 @@ class MeshGenerator:
 
     async def stream(self, request: generate_pb2.GenerateRequest, tenant: str,
                      timeout_s: float | None = None) -> AsyncIterator[generate_pb2.GenerateResponse]:
-        """The response chunks of one request; Overloaded at once when max_in_flight are running."""
-        if self.num_in_flight >= self._settings.max_in_flight:
-            raise Overloaded(f"{self.num_in_flight} requests in flight (limit {self._settings.max_in_flight}); "
-                             "retry later")
-        self.num_in_flight += 1
-        try:
-            request_id = request.request_id or uuid.uuid4().hex
-            with request_context(request_id), tracer().start_as_current_span("gateway.generate") as span, \
-                    observe_request(self._metrics):
-                async for response in self._generate(request, request_id, tenant, timeout_s, span):
-                    yield response
-        except PDMeshError as exc:   # what the client is told; bad input included (a client's mistake)
-            logger.warning("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
-            raise
-        finally:
-            self.num_in_flight -= 1
+        """The response chunks of one request; Overloaded at once when max_in_flight are running, or
+        max_in_flight_per_tenant of the tenant's."""
+        with self.admission.admit(tenant):
+            client_request_id = request.request_id or uuid.uuid4().hex
+            # the engines' id: the client's (a readable prefix, as vLLM suffixes a client's id) and 128 random
+            # bits, so no client can name another's request
+            mesh_request_id = f"{client_request_id[:MAX_ID_PREFIX]}-{secrets.token_hex(16)}"
+            try:
+                with request_context(mesh_request_id, client_request_id), \
+                        tracer().start_as_current_span("gateway.generate") as span, observe_request(self._metrics):
+                    async for response in self._generate(request, mesh_request_id, client_request_id, tenant,
+                                                         timeout_s, span):
+                        yield response
+            except PDMeshError as exc:   # what the client is told; bad input included (a client's mistake)
+                logger.warning("request %s (client's id %r) failed: %s: %s", mesh_request_id, client_request_id,
+                               type(exc).__name__, exc)
+                raise
 
-    async def _generate(self, request: generate_pb2.GenerateRequest, request_id: str, tenant: str,
-                        timeout_s: float | None, span):
+    async def _generate(self, request: generate_pb2.GenerateRequest, mesh_request_id: str, client_request_id: str,
+                        tenant: str, timeout_s: float | None, span):
         info = await self._pool.any_info()
         prompt_token_ids = await self._prompt_token_ids(request, info)
-        mesh_request = MeshRequest(request_id, prompt_token_ids, request.sampling,
-                                   cache_salt_of(tenant, request.cache_salt))
+        mesh_request = MeshRequest(mesh_request_id, prompt_token_ids, request.sampling,
+                                   self._salts.salt_of(tenant, request.cache_salt), client_request_id)
         run = RequestRun(self._pool, self._policy, self.disagg, mesh_request, self._deadline(timeout_s),
                          self._settings.max_attempts, self._settings.first_token_from == "prefill",
                          layerwise=self._settings.kv_flow == "layerwise")
@@ -89,8 +99,8 @@ class MeshGenerator:
         self._metrics.disagg_decisions.labels("gateway", "local" if decision.local else "remote",
                                               decision.reason).inc()
         span.set_attributes({**run.span_attributes(), **timer.span_attributes()})
-        logger.info("request finished: %d prompt + %d completion tokens, %d failovers", len(prompt_token_ids),
-                    len(run.state.generated), run.state.num_failovers)
+        logger.info("request finished (client's id %r): %d prompt + %d completion tokens, %d failovers",
+                    client_request_id, len(prompt_token_ids), len(run.state.generated), run.state.num_failovers)
 
     def _deadline(self, timeout_s: float | None) -> float:
         limit = self._settings.request_timeout_s if timeout_s is None else min(timeout_s,

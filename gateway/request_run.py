@@ -58,10 +58,11 @@ class _Retry(Exception):
 class MeshRequest:
     """What the client asked, validated and tokenized (generation.py makes it, nothing changes it)."""
 
-    request_id: str
+    request_id: str          # minted by the gateway: the id every worker and engine sees
     prompt_token_ids: list[int]
     sampling: common_pb2.SamplingParams
     cache_salt: str
+    client_request_id: str   # the id the client chose: a label, echoed back, never sent to a worker
 
 
 @dataclass
@@ -119,8 +120,8 @@ class RequestRun:
 
     def _response_of(self, chunk: worker_pb2.DecodeResponse) -> generate_pb2.GenerateResponse:
         state = self.state
-        response = generate_pb2.GenerateResponse(request_id=self.request.request_id, token_ids=chunk.token_ids,
-                                                 text=chunk.text)
+        response = generate_pb2.GenerateResponse(request_id=self.request.client_request_id,
+                                                 token_ids=chunk.token_ids, text=chunk.text)
         if not chunk.finish_reason:
             return response
         num_prompt, num_completion = len(self.request.prompt_token_ids), len(state.generated)
@@ -190,7 +191,7 @@ class RequestRun:
         decodes = self._pool.compatible_with(prefill, candidates)
         decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
         state.decision = self._disagg.decide(prompt, prefill.address, decode.address,
-                                             decode_busy=decode.queue() > 0)
+                                             decode_busy=decode.queue() > 0, cache_salt=self.request.cache_salt)
         if state.decision.local:
             state.prefill = None
             async for chunk in self._local_chunks(decode, prompt):

@@ -9,6 +9,11 @@ Per worker, an LRU of chained block hashes (block i's hash covers tokens 0 .. iÂ
 The granularity `block_tokens` need not be the engines' block size: the estimate is off by less
 than a block. Being an estimate, it can be wrong both ways (an engine evicted sooner than the
 LRU did; another gateway filled the cache): a wrong guess costs time, never correctness.
+
+The chain starts from the request's cache salt, as the engines' block hashes do: a prefix one
+tenant sent is not seen for another, whose engine cache would not hold it either. Unsalted, the
+decision it feeds (`transfer.local_prefill` in the answer) told any client whether some other
+tenant had lately sent the prompt.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
-def prefix_hashes(token_ids: Sequence[int], block_tokens: int) -> list[int]:
-    """Chained hashes of the prompt's full blocks."""
-    hashes, parent = [], 0
+def prefix_hashes(token_ids: Sequence[int], block_tokens: int, cache_salt: str = "") -> list[int]:
+    """Chained hashes of the prompt's full blocks, the first chained from the salt."""
+    hashes, parent = [], hash(cache_salt)
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
         parent = hash((parent, tuple(token_ids[start:start + block_tokens])))
         hashes.append(parent)

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from pdmesh.config import TelemetrySettings
 
 REQUEST_ID_KEY = "pdmesh.request_id"
+CLIENT_REQUEST_ID_KEY = "pdmesh.client_request_id"   # the id the client chose: a label, never acted on
 TRACER_NAME = "pdmesh"
 
 
@@ -34,12 +35,13 @@ class OsRandomIdGenerator(IdGenerator):
 
 
 class RequestIdSpanProcessor(SpanProcessor):
-    """Stamps the request id found in the parent context's baggage on each new span."""
+    """Stamps the request ids found in the parent context's baggage on each new span."""
 
     def on_start(self, span, parent_context=None) -> None:
-        request_id = baggage.get_baggage(REQUEST_ID_KEY, parent_context or context.get_current())
-        if request_id:
-            span.set_attribute(REQUEST_ID_KEY, str(request_id))
+        for key in (REQUEST_ID_KEY, CLIENT_REQUEST_ID_KEY):
+            value = baggage.get_baggage(key, parent_context or context.get_current())
+            if value:
+                span.set_attribute(key, str(value))
 
 
 def setup_tracing(settings: TelemetrySettings, service_name: str) -> TracerProvider | None:
@@ -64,11 +66,16 @@ def tracer() -> trace.Tracer:
 
 
 @contextmanager
-def request_context(request_id: str) -> Iterator[None]:
-    """Makes request_id part of the baggage for everything started inside, and stamps the span
-    already current (the gRPC server span, started before the request was read)."""
-    trace.get_current_span().set_attribute(REQUEST_ID_KEY, request_id)
-    token = context.attach(baggage.set_baggage(REQUEST_ID_KEY, request_id))
+def request_context(request_id: str, client_request_id: str = "") -> Iterator[None]:
+    """Makes request_id (the gateway's, which the workers act on) and the client's own id (a label
+    to find a request's spans by) part of the baggage for everything started inside, and stamps
+    the span already current (the gRPC server span, started before the request was read)."""
+    ids = {REQUEST_ID_KEY: request_id, **({CLIENT_REQUEST_ID_KEY: client_request_id} if client_request_id else {})}
+    trace.get_current_span().set_attributes(ids)
+    carried = context.get_current()
+    for key, value in ids.items():
+        carried = baggage.set_baggage(key, value, carried)
+    token = context.attach(carried)
     try:
         yield
     finally:

@@ -56,7 +56,9 @@ async def test_one_request_is_one_trace_across_processes(cluster, otlp_receiver)
     assert "gateway.generate" in _ancestors(by_name["decode"], by_id)
     assert _ancestors(by_name["kv.transfer"], by_id)[0] == "decode"
     assert "kv.transfer" in _ancestors(by_name["kv.open"], by_id)
-    assert [(s.service, s.name) for s in spans if s.attributes.get("pdmesh.request_id") != request_id] == []
+    assert [(s.service, s.name) for s in spans if s.attributes.get("pdmesh.client_request_id") != request_id] == []
+    mesh_request_ids = {s.attributes.get("pdmesh.request_id") for s in spans}   # the gateway's, which workers act on
+    assert len(mesh_request_ids) == 1 and request_id not in mesh_request_ids
 
     transfer = by_name["kv.transfer"].attributes
     assert (transfer["pdmesh.kv.blocks"], transfer["pdmesh.kv.bytes"]) == (3, 3 * 131072)

@@ -6,7 +6,9 @@ import asyncio
 
 import grpc
 
+from pdmesh.errors import TransferNotFound
 from pdmesh.grpc_server import AioServer
+from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
@@ -34,6 +36,12 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.prefill_finish = common_pb2.FINISH_REASON_LENGTH  # of prefill's one-token generation
         self.requests: list = []
         self.released: list[str] = []  # prefill: transfer ids the gateway released
+        # prefill: the KV it pins, transfer id -> request id, until a decode pulls it or it is released; a
+        # cancelled Prefill frees what its request id holds (as the real servicer's pdmesh_release_request)
+        self.held: dict[str, str] = {}
+        self.released_requests: list[str] = []  # prefill: request ids a cancelled Prefill freed the KV of
+        self.kv_source: FakeWorker | None = None  # decode: the prefill whose held KV a handle is pulled from
+        self.decode_gate: asyncio.Event | None = None  # decode: each call waits for it before reading KV
         self.layerwise_prefill: FakeWorker | None = None  # decode: the prefill a layer-wise request waits on
         self.decode_status: tuple | None = None  # decode: aborts every call with these context.abort arguments
         self.prefill_delay_s = 0.0   # prefill: answers after this long
@@ -54,8 +62,13 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         if self.fail_prefill:
             await asyncio.sleep(0.2)  # decode is waiting for the KV meanwhile
             await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill engine died")
-        await asyncio.sleep(self.prefill_delay_s)
+        try:
+            await asyncio.sleep(self.prefill_delay_s)
+        except asyncio.CancelledError:
+            self._release_request(request.request_id)
+            raise
         self.prefilled.set()
+        self.held["t-" + request.request_id] = request.request_id
         return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
             transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
             num_tokens=len(request.prompt_token_ids), compat=self.info.compat),
@@ -63,7 +76,13 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
 
     async def Release(self, request, context):
         self.released.append(request.transfer_id)
+        self.held.pop(request.transfer_id, None)
         return worker_pb2.ReleaseKVResponse(released=True)
+
+    def _release_request(self, request_id: str) -> None:
+        self.released_requests.append(request_id)
+        for transfer_id in [t for t, held_by in self.held.items() if held_by == request_id]:
+            del self.held[transfer_id]
 
     async def Decode(self, request, context):
         self.requests.append(request)
@@ -77,6 +96,10 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             except asyncio.CancelledError:
                 self.num_cancelled += 1
                 raise
+        if self.decode_gate is not None:
+            await self.decode_gate.wait()
+        if self.kv_source is not None and request.kv.transfer_id:
+            await self._pull(request.kv.transfer_id, context)
         token_ids = request.prompt_token_ids[:request.sampling.max_tokens]
         last = len(token_ids) - 1 if self.finish_with_last_token else None
         for i, token_id in enumerate(token_ids):
@@ -90,3 +113,9 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             finish.token_ids.append(token_ids[last])
             finish.text = f"<{token_ids[last]}>"
         yield finish
+
+    async def _pull(self, transfer_id: str, context) -> None:
+        """Reads (and frees) the KV its prefill holds; a transfer no longer held fails the call, as a real pull."""
+        if self.kv_source.held.pop(transfer_id, None) is None:
+            error = TransferNotFound(f"no KV held for transfer {transfer_id!r}")
+            await context.abort(grpc_status_of(error), str(error), error_metadata(error))

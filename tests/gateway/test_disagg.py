@@ -65,6 +65,15 @@ def test_a_prompt_mostly_cached_on_decode_is_computed_there_by_its_effective_len
     assert second.span_attributes()["pdmesh.disagg.decode_cached_tokens"] == 1536
 
 
+def test_a_prefix_is_seen_only_under_the_cache_salt_it_was_sent_with():
+    policy = _policy(prefill_rate=10_000, local_rate=1_000)   # the first goes remote: both workers see it
+    policy.decide(_prompt(64), "p", "d", decode_busy=False, cache_salt="salt-a")
+    tenant_a = policy.decide(_prompt(64), "p", "d", decode_busy=False, cache_salt="salt-a")
+    tenant_b = policy.decide(_prompt(64), "p", "d", decode_busy=False, cache_salt="salt-b")
+    assert (tenant_a.prefill_cached_tokens, tenant_a.decode_cached_tokens) == (63, 63)
+    assert (tenant_b.prefill_cached_tokens, tenant_b.decode_cached_tokens) == (0, 0)
+
+
 def test_seen_prefixes_match_whole_leading_blocks_and_forget_the_oldest():
     seen = SeenPrefixes(block_tokens=4, capacity_tokens=12)
     seen.record("d", prefix_hashes(_prompt(8), 4))

@@ -47,7 +47,7 @@ async def test_decode_failing_mid_stream_resumes_on_another_from_the_tokens_sent
     resumed = healthy.requests[0]
     assert (list(resumed.prompt_token_ids), resumed.sampling.max_tokens) == ([0, 7, 9, 11, 13, 0, 7], 3)
     assert [list(r.prompt_token_ids) for r in prefill.requests] == [[0, 7, 9, 11, 13], [0, 7, 9, 11, 13, 0, 7]]
-    assert resumed.request_id == "r1-retry1"
+    assert resumed.request_id == f"{prefill.requests[0].request_id}-retry1"
     assert (last.transfer.num_failovers, last.transfer.resumed_at_token, last.usage.completion_tokens) == (1, 2, 5)
 
 

@@ -42,8 +42,9 @@ async def test_request_flows_prefill_then_decode_with_the_same_ids(mesh):
     address, prefill, decode = mesh
     token_ids, text, last = await generate(address, make_request([0, 7, 9], max_tokens=2, request_id="r1"))
     assert (token_ids, text) == ([0, 7], "<0><7>")
-    assert [r.request_id for r in prefill.requests + decode.requests] == ["r1", "r1"]
-    assert decode.requests[0].kv.transfer_id == "t-r1"
+    (mesh_id,) = {r.request_id for r in prefill.requests + decode.requests}  # the gateway's id, on both workers
+    assert re.fullmatch("r1-[0-9a-f]{32}", mesh_id) and last.request_id == "r1"  # the client's: a label echoed back
+    assert decode.requests[0].kv.transfer_id == f"t-{mesh_id}"
     assert last.finish_reason == common_pb2.FINISH_REASON_LENGTH
     assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (3, 2, 5)
 
@@ -172,7 +173,7 @@ async def test_failed_decode_releases_the_prefill_kv_at_once(tiny_llama_dir):
             await generate(address, make_request([0, 5], max_tokens=1, request_id="r9"))
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert re.fullmatch(r"decode worker 127\.0\.0\.1:\d+ failed: decode engine died", info.value.details())
-        assert await released(prefill) == ["t-r9"]
+        assert await released(prefill) == [f"t-{prefill.requests[0].request_id}"]
     finally:
         await gateway.stop(0)
         await prefill.server.stop(0)
@@ -220,7 +221,7 @@ async def test_prefill_token_that_ends_the_request_skips_decode_and_frees_the_kv
         token_ids, _, last = await generate(address, make_request([0, 5], max_tokens=max_tokens, request_id="r3"))
         assert (token_ids, last.finish_reason, last.usage.completion_tokens) == ([777], prefill_finish, 1)
         assert decode.requests == []
-        assert await released(prefill) == ["t-r3"]
+        assert await released(prefill) == [f"t-{prefill.requests[0].request_id}"]
     finally:
         await _stop(gateway, prefill, decode)
 
