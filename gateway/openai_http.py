@@ -2,33 +2,60 @@
 
 A client that disconnects cancels its handler (handler_cancellation); the CancelledError reaches the
 generator's iterator, which is closed in every case, so the mesh stops the request.
+
+Limits (HttpLimits; GatewaySettings' http_* settings say each one's default and why): connections open,
+a new connection's first request head, idle keep-alive, body size and body time. A request is checked
+against admission (the gateway's in-flight slots) before its body is read; its body is parsed, validated
+and (chat) rendered by the template in a worker thread, so a big one does not stall the other streams.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
+from gateway.admission import Admission
 from gateway.auth import ApiKeyAuth
 from gateway.chat_template import ChatTemplate
+from gateway.http_body import Parsed, loads, parse_without_gc, read_body
+from gateway.http_connections import ConnectionGuard, GuardedSite
 from gateway.openai_protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
                                      chat_prompt_text, chat_to_generate, completion_to_generate, parse_request)
 from gateway.openai_replies import ChatReply, CompletionReply, Reply, ReplyHeader
 from gateway.tokenizer import PromptTokenizer
-from pdmesh.errors import InvalidRequest, PDMeshError, Unauthenticated
+from pdmesh.config import GatewaySettings
+from pdmesh.errors import PDMeshError, Unauthenticated
 from pdmesh.status_map import http_status_of
 from pdmesh.v1 import common_pb2, generate_pb2
 
 logger = logging.getLogger(__name__)
+PARSE_THREADS = 2   # bodies parsed at once; more wait their turn (each is at most max_body_bytes)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024   # long prompts as token id lists run to megabytes
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """GatewaySettings' http_* settings, which say what each bounds, its default and why."""
+    max_body_bytes: int
+    body_timeout_s: float
+    header_timeout_s: float
+    keepalive_timeout_s: float
+    max_connections: int
+
+    @classmethod
+    def of(cls, settings: GatewaySettings) -> HttpLimits:
+        return cls(settings.http_max_body_bytes, settings.http_body_timeout_s, settings.http_header_timeout_s,
+                   settings.http_keepalive_timeout_s, settings.http_max_connections)
 
 
 class GenerationSource(Protocol):
@@ -44,42 +71,59 @@ class GenerationSource(Protocol):
     @property
     def max_tokens_limit(self) -> int | None: ...
 
+    @property
+    def admission(self) -> Admission: ...
+
 
 class OpenAIHttpServer:
     def __init__(self, generator: GenerationSource, auth: ApiKeyAuth, tokenizer: PromptTokenizer,
-                 chat_template: ChatTemplate, shutdown_timeout_s: float = 5.0) -> None:
+                 chat_template: ChatTemplate, limits: HttpLimits, shutdown_timeout_s: float = 5.0) -> None:
         self._generator = generator
         self._auth = auth
         self._tokenizer = tokenizer
         self._chat_template = chat_template
+        self._limits = limits
         self._shutdown_timeout_s = shutdown_timeout_s
         self._created = int(time.time())
+        self.connections = ConnectionGuard(limits.max_connections, limits.header_timeout_s)
         self._runner: web.AppRunner | None = None
+        self._parsers: ThreadPoolExecutor | None = None
 
     async def start(self, host: str, port: int) -> str:
         """Serves on host:port (0: a free port); returns the "host:port" bound."""
+        self._parsers = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="pdmesh-http-body")
         self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None,
-                                     shutdown_timeout=self._shutdown_timeout_s)
+                                     shutdown_timeout=self._shutdown_timeout_s,
+                                     keepalive_timeout=self._limits.keepalive_timeout_s)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await GuardedSite(self._runner, host, port, self.connections).start()
         return f"{host}:{self._runner.addresses[0][1]}"
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._parsers is not None:
+            self._parsers.shutdown(wait=True, cancel_futures=True)   # a parse under way is bounded by the body's size
+            self._parsers = None
 
     def _app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._head_received, _errors_as_json],
+                              client_max_size=self._limits.max_body_bytes)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", _health)
         return app
 
+    @web.middleware
+    async def _head_received(self, request: web.Request, handler) -> web.StreamResponse:
+        self.connections.head_received(request.transport)
+        return await handler(request)
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        tenant = self._tenant(request)
-        body = parse_request(CompletionRequest, await _json_body(request))
+        tenant = self._tenant_with_room(request)
+        body = await self._parsed(request, _completion_request)
         prompt_ids = await self._completion_prompt_ids(body) if body.return_token_ids or body.max_tokens is None \
             else None
         request_id = uuid.uuid4().hex
@@ -90,9 +134,9 @@ class OpenAIHttpServer:
         return await self._respond(request, generate, tenant, reply, bool(body.stream))
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
-        tenant = self._tenant(request)
-        body = parse_request(ChatCompletionRequest, await _json_body(request))
-        prompt_ids = await self._encode(chat_prompt_text(body, self._chat_template), add_special_tokens=False)
+        tenant = self._tenant_with_room(request)
+        body, prompt_text = await self._parsed(request, functools.partial(_chat_request, self._chat_template))
+        prompt_ids = await self._encode(prompt_text, add_special_tokens=False)
         request_id = uuid.uuid4().hex
         max_tokens = body.requested_max_tokens or self._within_limit(await self._room_after(prompt_ids))
         generate = chat_to_generate(body, request_id, prompt_ids, max_tokens)
@@ -109,6 +153,20 @@ class OpenAIHttpServer:
 
     def _tenant(self, request: web.Request) -> str:
         return self._auth.tenant_of(request.headers.get("Authorization"))
+
+    def _tenant_with_room(self, request: web.Request) -> str:
+        """The caller's tenant, once admission has a slot for it: a full gateway (or tenant) answers 429
+        before the body is read and parsed. The stream takes the slot for real later (one may fill meanwhile)."""
+        tenant = self._tenant(request)
+        with self._generator.admission.admit(tenant):
+            pass
+        return tenant
+
+    async def _parsed(self, request: web.Request, parse: Callable[[bytes], Parsed]) -> Parsed:
+        """The body, read within the limits, then `parse`d in a worker thread."""
+        raw = await read_body(request, self._limits.max_body_bytes, self._limits.body_timeout_s)
+        assert self._parsers is not None
+        return await asyncio.get_running_loop().run_in_executor(self._parsers, parse_without_gc, parse, raw)
 
     async def _completion_prompt_ids(self, body: CompletionRequest) -> list[int]:
         """The prompt ids the mesh will run (sent as ids): text tokenized with special tokens, as the mesh does."""
@@ -220,13 +278,16 @@ async def _close(responses: AsyncIterator) -> None:
         logger.exception("closing the generator's stream failed")
 
 
-async def _json_body(request: web.Request) -> object:
-    try:
-        return json.loads(await request.read())
-    except ValueError:
-        raise InvalidRequest("the request body is not valid JSON") from None
-    except RecursionError:
-        raise InvalidRequest("the request body is nested too deeply") from None
+def _completion_request(raw: bytes) -> CompletionRequest:
+    return parse_request(CompletionRequest, loads(raw))
+
+
+def _chat_request(template: ChatTemplate, raw: bytes) -> tuple[ChatCompletionRequest, str]:
+    """The request, without its messages, and its prompt text (the messages rendered by the chat template):
+    the text is all the request needs of them, and 100k message objects kept alive through the request would
+    make each of the collector's full passes meanwhile slow."""
+    body = parse_request(ChatCompletionRequest, loads(raw))
+    return body.model_copy(update={"messages": []}), chat_prompt_text(body, template)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -235,7 +296,7 @@ async def _health(request: web.Request) -> web.Response:
 
 @web.middleware
 async def _errors_as_json(request: web.Request, handler) -> web.StreamResponse:
-    """Domain errors as their HTTP status; aiohttp's own (a body over MAX_BODY_BYTES, an unknown route)
+    """Domain errors as their HTTP status; aiohttp's own (a body over the limit, an unknown route)
     in the same JSON shape; anything unexpected as 500 (logged). Cancellation passes."""
     try:
         return await handler(request)

@@ -9,6 +9,10 @@ from pdmesh.errors import InvalidRequest
 from pdmesh.v1 import common_pb2
 
 MAX_TEMPERATURE = 2.0  # vLLM's bound
+# Stop strings: OpenAI allows 4, TGI 4 by default (--max-stop-sequences), vLLM any number. Each is searched for
+# in every new piece of text, so an unbounded list (100k strings) costs the engine on every token.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
 
 
 def check_prompt(prompt_token_ids: Sequence[int], max_model_len: int, vocab_size: int) -> None:
@@ -38,8 +42,17 @@ def check_sampling_values(sampling: common_pb2.SamplingParams) -> None:
         raise InvalidRequest(f"temperature must be a finite number in [0, {MAX_TEMPERATURE}], got {sampling.temperature}")
     if not 0 <= sampling.top_p <= 1:  # NaN fails this too; 0 means 1.0
         raise InvalidRequest(f"top_p must be in (0, 1], got {sampling.top_p}")
-    if any(not stop for stop in sampling.stop):
+    check_stop(sampling.stop)
+
+
+def check_stop(stop: Sequence[str]) -> None:
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    if any(not string for string in stop):
         raise InvalidRequest("stop cannot contain an empty string")
+    longest = max(map(len, stop), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise InvalidRequest(f"a stop string has {longest} characters; at most {MAX_STOP_CHARS} are allowed")
 
 
 def check_transfer_id(transfer_id: str) -> None:

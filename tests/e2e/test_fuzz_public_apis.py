@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.openai_http import MAX_BODY_BYTES
 from gateway.server import Gateway
 from pdmesh.client import make_request
 from pdmesh.config import GatewaySettings
@@ -132,7 +131,7 @@ def gateway(cluster, tiny_llama_dir):
     thread.start()
     settings = GatewaySettings(port=0, http_port=0, prefill_workers=cluster.prefill_addresses,
                                decode_workers=cluster.decode_addresses, tokenizer=str(tiny_llama_dir),
-                               max_tokens_limit=MAX_TOKENS_LIMIT)
+                               max_tokens_limit=MAX_TOKENS_LIMIT, mesh_token=cluster.mesh_token)
 
     async def start() -> tuple[Gateway, str]:   # gRPC's aio server belongs to the loop it is made in
         server = Gateway(settings)
@@ -232,6 +231,7 @@ def test_oversized_messages_get_a_client_error_and_the_gateway_keeps_serving(gat
         oversized = make_request("x" * (MAX_MESSAGE_NBYTES + 1), max_tokens=2)
         _, error = _generate(generate_pb2_grpc.GenerationStub(channel), oversized)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in error.details(), error
-    status, payload = _post(server.http_address, "/v1/completions", b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}')
+    too_big = b'{"prompt": "' + b"x" * GatewaySettings().http_max_body_bytes + b'"}'
+    status, payload = _post(server.http_address, "/v1/completions", too_big)
     assert (status, json.loads(payload)["error"]["code"]) == (413, 413)
     _assert_still_serving(address, reference)

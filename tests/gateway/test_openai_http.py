@@ -9,14 +9,18 @@ import aiohttp
 import openai
 import pytest
 
+from gateway.admission import Admission
 from gateway.auth import ApiKeyAuth
 from gateway.chat_template import ChatTemplate
-from gateway.openai_http import MAX_BODY_BYTES, OpenAIHttpServer
+from gateway.openai_http import HttpLimits, OpenAIHttpServer
 from gateway.tokenizer import PromptTokenizer
+from pdmesh.config import GatewaySettings
 from pdmesh.errors import Overloaded, WorkerFailed
 from pdmesh.v1 import common_pb2, generate_pb2
 
 MAX_MODEL_LEN = 128
+LIMITS = HttpLimits.of(GatewaySettings())   # the defaults
+LONG_PROMPT_CHARS = LIMITS.max_body_bytes // 2   # far over any context, in a body under the limit
 USAGE = common_pb2.Usage(prompt_tokens=4, completion_tokens=3, total_tokens=7, cached_prompt_tokens=2)
 RESPONSES = [
     generate_pb2.GenerateResponse(request_id="r", token_ids=[5, 6], text="Hello"),
@@ -31,8 +35,9 @@ class FakeGenerator:
     """Yields fixed responses (or raises `error` after `fail_after` of them); records what it got."""
 
     def __init__(self, responses=RESPONSES, error: Exception | None = None, fail_after: int = 0,
-                 delay_s: float = 0.0) -> None:
+                 delay_s: float = 0.0, max_in_flight: int = 256) -> None:
         self.responses, self.error, self.fail_after, self.delay_s = responses, error, fail_after, delay_s
+        self.admission = Admission(max_in_flight, max_per_tenant=None)
         self.calls: list[tuple[generate_pb2.GenerateRequest, str]] = []
         self.stopped_by: str | None = None
         self.stopped = asyncio.Event()
@@ -75,7 +80,7 @@ async def serve(tokenizer, tiny_llama_dir):
 
     async def start(generator, api_keys=None):
         server = OpenAIHttpServer(generator, ApiKeyAuth(api_keys or {}), tokenizer,
-                                  ChatTemplate.from_model_dir(tiny_llama_dir))
+                                  ChatTemplate.from_model_dir(tiny_llama_dir), LIMITS)
         servers.append(server)
         return await server.start("127.0.0.1", 0)
 
@@ -285,6 +290,17 @@ async def test_overloaded_is_429(serve, clients, stream):
     assert caught.value.body == {"message": "at the admission limit", "type": "Overloaded", "code": 429}
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_full_gateway_answers_429_before_it_reads_the_body(serve, path):
+    """Admission is checked before the body is read and parsed: a body that is not even JSON gets the 429
+    (before, it was parsed first: 400)."""
+    fake = FakeGenerator(max_in_flight=0)
+    status, _, text = await _post(await serve(fake), path, "{not json")
+    assert (status, json.loads(text)) == (429, {"error": {
+        "message": "0 requests in flight (limit 0); retry later", "type": "Overloaded", "code": 429}})
+    assert fake.calls == []
+
+
 @pytest.mark.parametrize("path, body, message", [
     ("/v1/completions", {"prompt": "Hi", "n": 2}, "n=2 is not supported: only n=1"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 1}, "logprobs is not supported"),
@@ -313,9 +329,9 @@ async def test_unsupported_or_malformed_requests_are_400(serve, path, body, mess
 
 
 @pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "x" * 10_000_000, "return_token_ids": True}),  # ids it would report
-    ("/v1/completions", {"prompt": "x" * 10_000_000, "max_tokens": None}),        # the room left for max_tokens
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 10_000_000}]}),
+    ("/v1/completions", {"prompt": "x" * LONG_PROMPT_CHARS, "return_token_ids": True}),  # ids it would report
+    ("/v1/completions", {"prompt": "x" * LONG_PROMPT_CHARS, "max_tokens": None}),        # the room left for max_tokens
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * LONG_PROMPT_CHARS}]}),
 ])
 async def test_a_prompt_longer_than_any_context_is_refused_before_it_is_tokenized(serve, tokenizer, monkeypatch,
                                                                                  path, body):
@@ -331,10 +347,10 @@ async def test_a_prompt_longer_than_any_context_is_refused_before_it_is_tokenize
 async def test_a_body_over_the_limit_is_413_and_an_unknown_route_404_both_as_openai_errors(serve):
     fake = FakeGenerator()
     address = await serve(fake)
-    status, _, text = await _post(address, "/v1/completions", b"{" + b" " * MAX_BODY_BYTES + b"}")
+    status, _, text = await _post(address, "/v1/completions", b"{" + b" " * LIMITS.max_body_bytes + b"}")
     assert (status, json.loads(text)["error"]["type"], json.loads(text)["error"]["code"]) == (
         413, "HTTPRequestEntityTooLarge", 413)
-    assert f"Maximum request body size {MAX_BODY_BYTES} exceeded" in json.loads(text)["error"]["message"]
+    assert json.loads(text)["error"]["message"] == f"Maximum request body size {LIMITS.max_body_bytes} exceeded."
     status, _, text = await _post(address, "/v1/embeddings", {"input": "Hi"})
     assert (status, json.loads(text)) == (404, {"error": {"message": "404: Not Found", "type": "HTTPNotFound",
                                                           "code": 404}})
