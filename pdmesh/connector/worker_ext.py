@@ -34,6 +34,12 @@ class PDMeshWorkerExtension:
         """Field names of pdmesh.v1.WorkerStats."""
         return _connector_worker().counters()
 
+    def pdmesh_dist_store(self) -> str:
+        """The file of this engine's torch.distributed FileStore ('' for a TCP rendezvous), which the
+        serving process records: a killed engine leaves it (pdmesh/engine_debris.py)."""
+        method = getattr(self, "distributed_init_method", None) or ""
+        return method.removeprefix("file://") if method.startswith("file://") else ""
+
 
 def _connector_worker():
     from vllm.distributed.kv_transfer import get_kv_transfer_group
