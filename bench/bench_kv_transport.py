@@ -50,7 +50,7 @@ def _worker(model_dir: Path, is_producer: bool, transport: str, num_blocks: int)
 
     worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=is_producer,
                              kv_host="127.0.0.1", kv_port=0, hold_timeout_s=3600, pull_timeout_s=60,
-                             telemetry=TelemetrySettings(), transport=KVTransportSettings(kv_transport=transport))
+                             telemetry=TelemetrySettings(), transport=KVTransportSettings(kv_transport=transport, mooncake_host="127.0.0.1"))
     make = torch.randn if is_producer else torch.zeros
     caches = {f"l{i}": make(num_blocks, *LAYER_SHAPE) for i in range(NUM_LAYERS)}
     worker.register_kv_caches(caches, num_blocks)

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "pdmesh" / "models" / "tiny-llama"
@@ -173,6 +173,7 @@ class KVTransportSettings(BaseModel):
     """What the connector in the engine's worker process needs to move KV (from WorkerSettings)."""
 
     kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
+    mooncake_host: str | None = None
     mooncake_protocol: str = "tcp"
     mooncake_device: str = ""
     mesh_token: str | None = None
@@ -180,7 +181,15 @@ class KVTransportSettings(BaseModel):
     kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
     layerwise_read_bytes: int = 4 << 20
 
+    @model_validator(mode="after")
+    def _mooncake_needs_its_network(self):
+        _check_mooncake_host(self.kv_transport, self.mooncake_host)
+        return self
+
     def allows(self, transport: str) -> bool:
+        """Whether KV may move over `transport`: Mooncake only where its data network is configured."""
+        if transport == "mooncake" and not self.mooncake_host:
+            return False
         return self.kv_transport in ("auto", transport)
 
     @property
@@ -204,11 +213,19 @@ class WorkerSettings(_LayeredSettings):
     # How KV moves between prefill and decode (pdmesh/transport/kv_transport.py): "auto" agrees the best
     # both ends support per peer (shared memory on one host, Mooncake, else gRPC); a name forces that one.
     kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
+    # Mooncake Transfer Engine is off unless this names the worker's address on a data network only the
+    # mesh's workers reach (an RDMA fabric, a dedicated VLAN): its port serves reads and writes of the
+    # registered KV memory to any peer, without credentials, and listens on every interface whatever
+    # host it is given (the pinned wheel; README, Known limits). Peers dial the engine at this host.
+    mooncake_host: str | None = None
     mooncake_protocol: str = "tcp"     # "rdma" where the host has RDMA NICs; "ascend" with the NPU wheel
     mooncake_device: str = ""          # the engine's device filter (RDMA NIC or NPU names), "" for all
-    # Shared secret of the mesh's internal KV ports (KV transfer, KV store): every worker of a mesh sets the
-    # same one; calls without it are refused. None: the ports take any caller (a trusted network only).
+    # Shared secret of the mesh's internal ports (the Prefill/Decode/WorkerInfo port, KV transfer, KV store):
+    # every worker and gateway of a mesh sets the same one; calls without it are refused (UNAUTHENTICATED).
     mesh_token: str | None = None
+    # A worker refuses to start without a mesh credential (mesh_token, or mTLS with client certificates on
+    # both its ports: tls.ca_file and kv_tls.ca_file); this lets it serve anyone who reaches its ports.
+    insecure_no_mesh_auth: bool = False
     # Mutual TLS on the KV ports: the worker's certificate serves its KV port and is its client
     # certificate when it reads from another's (so it needs both server and client use); unset: plaintext.
     kv_tls: TlsSettings = Field(default_factory=TlsSettings)
@@ -243,6 +260,11 @@ class WorkerSettings(_LayeredSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)   # prefill only
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
+    @model_validator(mode="after")
+    def _mooncake_needs_its_network(self):
+        _check_mooncake_host(self.kv_transport, self.mooncake_host)
+        return self
+
     @property
     def address_for_gateways(self) -> str:
         """host (advertise_host if set) of the worker's main port; the port is filled in once bound."""
@@ -263,6 +285,12 @@ class WorkerSettings(_LayeredSettings):
         return f"{self.kv_host_for_peers}:{self.kv_advertise_port or kv_port}"
 
 
+def _check_mooncake_host(kv_transport: str, mooncake_host: str | None) -> None:
+    if kv_transport == "mooncake" and not mooncake_host:
+        raise ValueError("kv_transport=mooncake needs --mooncake_host: the worker's address on the isolated data "
+                         "network Mooncake's engine serves (its port takes any peer's reads and writes)")
+
+
 class GatewaySettings(_LayeredSettings):
     model_config = SettingsConfigDict(env_prefix="PDMESH_GATEWAY_", env_nested_delimiter="__")
 
@@ -281,6 +309,19 @@ class GatewaySettings(_LayeredSettings):
     # (the transfer hides behind prefill's compute; decode samples the first token, first_token_from aside).
     kv_flow: Literal["pull", "layerwise"] = "pull"
     http_port: int | None = None        # OpenAI-compatible HTTP API; 0 picks a free port; None: off
+    # The HTTP API's limits (gateway/http_connections.py, gateway/http_body.py). A body over http_max_body_bytes is
+    # 413 (nginx allows 1 MiB, vLLM any size; a 128k-token prompt sent as ids is ~1 MB); one not all arrived within
+    # http_body_timeout_s is 408 (nginx's client_body_timeout is 60 s between reads). A new connection whose first
+    # request head has not arrived within http_header_timeout_s is closed (slowloris; nginx's
+    # client_header_timeout is 60 s, Go servers' ReadHeaderTimeout commonly 10 s); an idle keep-alive connection
+    # after http_keepalive_timeout_s (vLLM's uvicorn 5 s, nginx 75 s; longer than httpx's 5 s and aiohttp's 15 s
+    # client pools keep one, so the client closes first). Past http_max_connections open connections a new one
+    # is answered 503 at once and closed (nginx's worker_connections is 512).
+    http_max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    http_body_timeout_s: float = Field(60.0, gt=0)
+    http_header_timeout_s: float = Field(10.0, gt=0)
+    http_keepalive_timeout_s: float = Field(30.0, gt=0)
+    http_max_connections: int = Field(512, gt=0)
     # Where prompts are computed (gateway/disagg.py): "remote" always on a prefill worker (P/D), "local" always
     # on the decode worker, "conditional" per request from measured costs (Dynamo's conditional disaggregation).
     disagg_policy: Literal["remote", "local", "conditional"] = "remote"
@@ -294,10 +335,16 @@ class GatewaySettings(_LayeredSettings):
     kv_index_redis_password: str | None = None
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     worker_tls: TlsSettings = Field(default_factory=TlsSettings)    # the gateway's client side of mTLS
+    # The mesh's shared secret (the workers' --mesh_token): sent on every call to a worker, whose ports
+    # refuse callers without it; also keys the signatures of what the gateway reads from Redis.
+    mesh_token: str | None = None
     # Limits: a request beyond them is INVALID_ARGUMENT / 400; beyond max_in_flight, RESOURCE_EXHAUSTED / 429.
     max_prompt_tokens: int | None = None
     max_tokens_limit: int | None = None
     max_in_flight: int = 256
+    # Each API key's tenant may hold at most this many of those slots (a long generation or a slow reader
+    # holds one); None: no per-tenant bound. Without API keys every client is one tenant: max_in_flight only.
+    max_in_flight_per_tenant: int | None = 64
     max_attempts: int = 3               # tries per request across workers (failover), first included
     worker_cooldown_s: float = 5.0      # a worker that failed a call is skipped this long
     # A request that finds no worker of a role up waits this long for one to come back (those cooling
@@ -307,6 +354,10 @@ class GatewaySettings(_LayeredSettings):
     # key -> tenant. Empty: no auth. Each tenant's prompts get their own cache salt, so no tenant
     # ever hits another's cached prefix.
     api_keys: dict[str, str] = Field(default_factory=dict)
+    # Keys the tenants' cache salts (HMAC of the tenant's name): a salt cannot be computed from the name.
+    # Unset: derived from mesh_token; neither set: random per process. Every gateway of a mesh needs the
+    # same key, or a tenant's prefixes are not found across gateways or after a restart.
+    salt_secret: str | None = None
     ready_file: Path | None = None
     exit_with_parent: bool = False
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

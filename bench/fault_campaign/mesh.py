@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 from pdmesh.cluster import LocalCluster
+from pdmesh.transport.mesh_auth import with_mesh_token
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from bench.fault_campaign.load import StreamLoad, Tenant, Workload
 from bench.fault_campaign.proxy import FaultProxy
@@ -106,7 +107,7 @@ class FaultMesh:
     def stats(self, name: str, timeout_s: float = 30.0) -> worker_pb2.WorkerStats:
         """A worker's stats; under the campaign's load on 2 cores an answer took over 5 s at times."""
         address = next(a for a, n in self.cluster.worker_names.items() if n == name)
-        with grpc.insecure_channel(address) as channel:
+        with with_mesh_token(grpc.insecure_channel(address), self.cluster.mesh_token) as channel:
             return worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=timeout_s)
 
     def wait_for(self, names: list[str], busy, timeout_s: float) -> str | None:
@@ -150,7 +151,8 @@ class FaultMesh:
     def _worker_args(self) -> list[str]:
         # No engine prefix cache: every request moves its whole prompt's KV (pulls, store reads), so
         # the faults land on transfers rather than on prompts cached after their first round.
-        return ["--no-engine.enable_prefix_caching", "--kv_transport", self.spec.kv_transport, "--hold_timeout_s", str(self.spec.hold_timeout_s),
+        return ["--no-engine.enable_prefix_caching", "--kv_transport", self.spec.kv_transport,
+                "--mooncake_host", "127.0.0.1", "--hold_timeout_s", str(self.spec.hold_timeout_s),
                 "--pull_timeout_s", str(self.spec.pull_timeout_s)]
 
     def _store_args(self) -> list[str]:

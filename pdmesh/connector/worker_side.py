@@ -31,6 +31,7 @@ from pdmesh.connector.device_progress import DeviceOrderedProgress, ordered_prog
 from pdmesh.connector.metadata import (LayerwiseStep, PDMeshConnectorMetadata, PDMeshWorkerMeta, RecvTask, SendTask,
                                       StoreLoadTask)
 from pdmesh.connector.paged_kv import WHOLE, PagedKVCache
+from pdmesh.connector.peer_tasks import PerPeerExecutor
 from pdmesh.connector.quiet_steps import TransferWakeups
 from pdmesh.connector.store_agent import StoreAgent
 from pdmesh.connector.store_saver import StoreSaver
@@ -57,6 +58,10 @@ from pdmesh.v1 import common_pb2
 
 logger = logging.getLogger(__name__)
 MAX_LAYERWISE_READS = 64
+# Pulls (and a producer's store loads) run on a few threads, at most 2 per producer (as many as every
+# pull had before): a producer that stops answering holds its 2 until their reads time out, not all.
+TRANSFER_THREADS, TRANSFER_THREADS_PER_PEER = 8, 2
+STORE_LOADS = "kv store"  # the store's loads take turns as one peer's (they read from any node)
 
 
 class ConnectorWorker:
@@ -109,7 +114,8 @@ class ConnectorWorker:
         self._exporters: list = []
         self._store_exporters: list = []
         self._links: dict[tuple[int, int], KVLinks] = {}  # by head slice (j, k) of the local cache they fill
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pdmesh-kv-recv", initializer=widen_affinity)
+        self._pool = PerPeerExecutor(TRANSFER_THREADS, TRANSFER_THREADS_PER_PEER, thread_name_prefix="pdmesh-kv-recv",
+                                     initializer=widen_affinity)
         # Layer-wise reads mostly wait for the producer's next layer: one thread each, up to this many
         # at once (a read queued behind them starts late and hides less of its transfer). They run while
         # the producer computes, so they stay on this worker's cores (--process_cpus; every core when
@@ -232,7 +238,8 @@ class ConnectorWorker:
         return readers
 
     def _mooncake_engine(self) -> MooncakeEngine:
-        return shared_engine(self._kv_advertise_host, self._transport.mooncake_protocol, self._transport.mooncake_device,
+        transport = self._transport
+        return shared_engine(transport.mooncake_host, transport.mooncake_protocol, transport.mooncake_device,
                              self._pull_timeout_s)
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
@@ -240,6 +247,8 @@ class ConnectorWorker:
         if self.compute_rate is not None:
             self.compute_rate.on_step(meta.num_scheduled_tokens)
         self._track_layerwise(meta)
+        self.held.announce(meta.minted_transfer_ids)  # a read of one waits for its hold; of any other id, not
+        self.held.drop_announced(meta.unheld_transfer_ids)
         for send in meta.sends:
             written = self._written(send)  # a layer-wise prompt's hashes and checksums, already computed
             send.block_hashes = (list(written.block_hashes) if written is not None
@@ -250,9 +259,12 @@ class ConnectorWorker:
             if self._progress_reports is not None:
                 self._progress_reports.held(send.transfer_id)  # after the hold: a Watch sees one or the other
         for recv in meta.recvs:
-            (self._layerwise_pool if recv.layerwise else self._pool).submit(self._receive, recv)
+            if recv.layerwise:
+                self._layerwise_pool.submit(self._receive, recv)
+            else:
+                self._pool.submit(recv.kv_address, self._receive, recv)
         for load in meta.loads:
-            self._pool.submit(self._load, load)
+            self._pool.submit(STORE_LOADS, self._load, load)
 
     def end_freed_transfers(self, meta: PDMeshConnectorMetadata) -> None:
         """Layer-wise transfers whose request ended unheld or was preempted: their blocks are freed, and

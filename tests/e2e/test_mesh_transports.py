@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
+from pdmesh.telemetry.tracing import CLIENT_REQUEST_ID_KEY
 from tests.e2e.conftest import KV_TRANSPORTS, LAYERWISE_SEED, MAX_TOKENS, PROMPT_LENGTHS, assert_nothing_pinned, \
     in_process_gateway, kill_prompts, settled_stats, tamper_prompts, telemetry_flags, token_prompts, worker_stats
 from tests.e2e.greedy import assert_greedy_tokens_equal
@@ -37,7 +38,8 @@ FAULT_ARGS = ["--kv_faults.tamper_request_prefix", "tamper-",
 def mesh(request, tiny_llama_dir, reference, otlp_receiver, tmp_path_factory):
     transport = request.param
     with LocalCluster(tiny_llama_dir, tmp_path_factory.mktemp(f"cluster-{transport}"), num_decode=2,
-                      worker_args=["--kv_transport", transport, *FAULT_ARGS], prefill_args=CHUNKED_PREFILL,
+                      worker_args=["--kv_transport", transport, "--mooncake_host", "127.0.0.1", *FAULT_ARGS],
+                      prefill_args=CHUNKED_PREFILL,
                       telemetry_args=telemetry_flags(otlp_receiver.endpoint)) as running:
         running.killed = []
         yield transport, running
@@ -93,7 +95,7 @@ async def test_layerwise_reads_show_in_the_span_and_the_overlap_histogram(mesh, 
         _, _, last = await generate(address, make_request(prompt, max_tokens=2, request_id=request_id))
 
     def mine(spans):
-        return [s for s in spans if s.name == "kv.transfer" and s.attributes.get("pdmesh.request_id") == request_id]
+        return [s for s in spans if s.name == "kv.transfer" and s.attributes.get(CLIENT_REQUEST_ID_KEY) == request_id]
 
     (span,) = mine(otlp_receiver.wait_for(lambda spans: mine(spans)))
     attributes = span.attributes
@@ -152,7 +154,7 @@ async def test_the_transport_is_in_the_span_and_the_metric_label(mesh, otlp_rece
     _, _, last = await generate(cluster.gateway_address, make_request(prompt, max_tokens=2, request_id=request_id))
 
     def mine(spans):
-        return [s for s in spans if s.name == "kv.transfer" and s.attributes.get("pdmesh.request_id") == request_id]
+        return [s for s in spans if s.name == "kv.transfer" and s.attributes.get(CLIENT_REQUEST_ID_KEY) == request_id]
 
     (span,) = mine(otlp_receiver.wait_for(lambda spans: mine(spans)))
     assert span.attributes["pdmesh.kv.transport"] == transport

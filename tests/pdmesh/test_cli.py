@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pdmesh.weights_digest import CACHE_NAME, weights_digest
+from tests.pdmesh.listening import listening_sockets, process_tree
 
 pytestmark = pytest.mark.vllm
 PDMESH = [sys.executable, "-m", "pdmesh.cli"]
@@ -67,6 +68,7 @@ def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
         completion = _post_json(f"{http}/completions", {"prompt": "Hello world", "max_tokens": 5, "temperature": 0})
         assert (completion["usage"]["prompt_tokens"], completion["usage"]["completion_tokens"]) == (4, 5)
         assert len(_processes_of(run_dir, but=up.pid)) == 3  # gateway, prefill, decode
+        _assert_nothing_listens_beyond_loopback(up.pid)
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0
         assert _processes_of(run_dir, but=up.pid) == []
@@ -74,6 +76,14 @@ def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
         if up.poll() is None:
             up.kill()  # its cluster's processes see their parent gone and stop (--exit_with_parent)
             up.wait()
+
+
+def _assert_nothing_listens_beyond_loopback(pid: int) -> None:
+    """Every socket the cluster's processes (engines included) listen on or bind is on loopback: before
+    Mooncake was opt-in, its engine listened on 0.0.0.0 and [::] in both workers (issue 30, item 1)."""
+    sockets = listening_sockets(process_tree(pid))
+    assert len({s.port for s in sockets if s.protocol.startswith("tcp")}) >= 6  # gateway gRPC/HTTP/metrics, workers'
+    assert [s for s in sockets if not s.loopback_only] == []
 
 
 def test_build_models_tokenizer_only_writes_the_tiny_llamas_tokenizer_without_torch(tiny_llama_dir, tmp_path):

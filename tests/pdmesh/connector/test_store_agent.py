@@ -35,7 +35,7 @@ TRANSPORTS = ["shm", "mooncake", "grpc"]
 def _producer(model_dir, store: StoreSettings, transport: str = "auto") -> ConnectorWorker:
     worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=True, kv_host="127.0.0.1",
                              kv_port=0, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(),
-                             store=store, transport=KVTransportSettings(kv_transport=transport))
+                             store=store, transport=KVTransportSettings(kv_transport=transport, mooncake_host="127.0.0.1"))
     worker.caches = {f"l{i}": torch.randn(NUM_BLOCKS, 2, BLOCK_SIZE, 16) for i in range(2)}
     worker.register_kv_caches(worker.caches, NUM_BLOCKS)
     return worker

@@ -17,6 +17,7 @@ from pdmesh.connector.metadata import LayerwiseStep, PDMeshConnectorMetadata, Re
 from pdmesh.connector.worker_side import ConnectorWorker
 from pdmesh.errors import ChecksumMismatch, TransferNotFound
 from pdmesh.transport.affinity import widen_affinity
+from tests.pdmesh.blackhole import blackholed_address
 
 BLOCK_SIZE, NUM_BLOCKS = 32, 8
 TOKENS = list(range(3, 3 + 80))  # 3 blocks, the last one partial
@@ -24,11 +25,12 @@ TRANSPORTS = ["shm", "mooncake", "grpc"]
 FAULTS = KVFaultSettings(tamper_request_prefix="tamper-", unverified_request_prefix="tamper-unverified-")
 
 
-def _worker(model_dir, is_producer: bool, transport: str, shape=(NUM_BLOCKS, 2, BLOCK_SIZE, 16)) -> ConnectorWorker:
+def _worker(model_dir, is_producer: bool, transport: str, shape=(NUM_BLOCKS, 2, BLOCK_SIZE, 16),
+            pull_timeout_s: float = 10) -> ConnectorWorker:
     worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=is_producer,
-                             kv_host="127.0.0.1", kv_port=0, hold_timeout_s=60, pull_timeout_s=10,
+                             kv_host="127.0.0.1", kv_port=0, hold_timeout_s=60, pull_timeout_s=pull_timeout_s,
                              telemetry=TelemetrySettings(),
-                             transport=KVTransportSettings(kv_transport=transport, kv_faults=FAULTS))
+                             transport=KVTransportSettings(kv_transport=transport, mooncake_host="127.0.0.1", kv_faults=FAULTS))
     caches = {f"l{i}": (torch.randn if is_producer else torch.zeros)(*shape) for i in range(2)}
     worker.register_kv_caches(caches, NUM_BLOCKS)
     worker.caches = caches
@@ -277,7 +279,7 @@ def _ranks(model_dir, tp_size: int, shape, transport: str = "auto", num_kv_heads
     for rank in range(tp_size):
         worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=True, kv_host="127.0.0.1",
                                  kv_port=base, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(),
-                                 transport=KVTransportSettings(kv_transport=transport), tp_rank=rank,
+                                 transport=KVTransportSettings(kv_transport=transport, mooncake_host="127.0.0.1"), tp_rank=rank,
                                  tp_size=tp_size, num_kv_heads=num_kv_heads)
         worker.caches = {f"l{i}": torch.rand(*shape) + rank + 1 for i in range(2)}
         worker.register_kv_caches(worker.caches, NUM_BLOCKS)
@@ -289,7 +291,7 @@ def _consumer(model_dir, shape, transport: str = "auto", tp_rank: int = 0, tp_si
               num_kv_heads: int = 0) -> ConnectorWorker:
     consumer = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=False, kv_host="127.0.0.1",
                                kv_port=0, hold_timeout_s=60, pull_timeout_s=10, telemetry=TelemetrySettings(),
-                               transport=KVTransportSettings(kv_transport=transport), tp_rank=tp_rank, tp_size=tp_size,
+                               transport=KVTransportSettings(kv_transport=transport, mooncake_host="127.0.0.1"), tp_rank=tp_rank, tp_size=tp_size,
                                num_kv_heads=num_kv_heads)
     consumer.caches = {f"l{i}": torch.zeros(*shape) for i in range(2)}
     consumer.register_kv_caches(consumer.caches, NUM_BLOCKS)
@@ -386,3 +388,52 @@ def test_a_handle_whose_ranks_do_not_divide_is_recomputed_not_left_waiting(model
         assert consumer.take_failed_block_ids() == {3, 4}
     finally:
         consumer.shutdown()
+
+
+def test_a_read_of_a_minted_transfer_that_arrives_before_its_hold_waits_for_it(pair):
+    """The scheduler mints a pull-flow id when the request is first scheduled and tells the workers with
+    that step; the hold comes a step after the request finished. A read in between waits for the hold
+    (a read of an id never minted is refused at once: test_a_guessed_transfer_id_reads_nothing)."""
+    producer, consumer, _ = pair
+    producer.start_tasks(PDMeshConnectorMetadata(minted_transfer_ids=["p-1"]))
+    consumer.start_tasks(PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
+    time.sleep(0.2)  # the consumer's read is at the producer, waiting
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    consumer._pool.shutdown(wait=True)
+    assert consumer.take_failed_block_ids() == set()
+    assert all(_same(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))
+
+
+def test_a_minted_transfer_whose_request_ended_unheld_fails_its_read_at_once(pair):
+    producer, consumer, _ = pair
+    producer.start_tasks(PDMeshConnectorMetadata(minted_transfer_ids=["p-1"]))
+    producer.start_tasks(PDMeshConnectorMetadata(unheld_transfer_ids=["p-1"]))
+    started = time.monotonic()
+    _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
+    assert time.monotonic() - started < 5 and consumer.take_failed_block_ids() == {1, 4, 6}
+
+
+def test_pulls_from_a_producer_that_never_answers_leave_threads_for_the_others(model_dir, no_thread_leak):
+    """Before: two threads served every pull of a consumer and every handshake went through one lock:
+    two reads of a producer that takes connections and never answers stopped all reads for their timeout."""
+    producer, consumer = _worker(model_dir, True, "grpc"), _worker(model_dir, False, "grpc", pull_timeout_s=2)
+    try:
+        producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+        with blackholed_address() as dead:
+            stuck = [RecvTask(request_id=f"d-dead-{n}", pdmesh_request_id="m", transfer_id=f"t-dead-{n}",
+                              kv_address=dead, block_indexes=[0], local_block_ids=[n], token_ids=TOKENS[:BLOCK_SIZE])
+                     for n in (0, 2)]
+            started = time.monotonic()
+            consumer.start_tasks(PDMeshConnectorMetadata(recvs=[*stuck, _recv_task(producer, [1, 4, 6])]))
+            received: set[str] = set()
+            while "d-1" not in received and time.monotonic() - started < 10:
+                received |= consumer.get_finished()[1] or set()
+                time.sleep(0.01)
+            took = time.monotonic() - started
+            consumer._pool.shutdown(wait=True)  # the dead producer's reads time out
+        assert received == {"d-1"} and took < 1.0, f"{sorted(received)} after {took:.2f} s"
+        assert consumer.take_failed_block_ids() == {0, 2}
+        assert all(_same(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
