@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 
 from bench.common import REPORT_DIR, memcpy_gbps, plot_bars, random_prompts, write_results
@@ -38,8 +37,9 @@ from kvstore.disk_tier import DiskTier
 from kvstore.slab_tier import host_tier
 from pdmesh.client import make_request, stream_generate
 from pdmesh.cluster import LocalCluster
-from pdmesh.config import DEFAULT_MODEL_DIR
+from pdmesh.config import DEFAULT_MODEL_DIR, TlsSettings
 from pdmesh.models.tiny import ensure_llama
+from pdmesh.tls import open_channel
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
 BLOCK_NBYTES = 4 * 2 * 32 * 128 * 4  # the tiny Llama's block: layers * (K,V) * block_size * kv width * fp32
@@ -54,8 +54,8 @@ async def _ttft(address: str, prompt: list[int]) -> float:
     raise RuntimeError("no token")
 
 
-async def _spill(prefill_address: str, tier: str) -> None:
-    async with grpc.aio.insecure_channel(prefill_address) as channel:
+async def _spill(cluster: LocalCluster, tier: str) -> None:
+    async with open_channel(cluster.prefill_addresses[0], TlsSettings(), mesh_token=cluster.mesh_token) as channel:
         await worker_pb2_grpc.WorkerInfoStub(channel).SpillKV(worker_pb2.SpillKVRequest(tier=tier))
 
 
@@ -70,7 +70,7 @@ async def _ttft_rounds(cluster: LocalCluster, args) -> dict[str, list[float]]:
             measured[:args.cached_len] = warm[:args.cached_len]  # shares exactly cached_len tokens
             await _ttft(cluster.gateway_address, warm)
             await asyncio.sleep(0.3)  # the save runs after the request, in the background
-            await _spill(cluster.prefill_addresses[0], tier)
+            await _spill(cluster, tier)
             samples[tier].append(await _ttft(cluster.gateway_address, measured))
     return samples
 

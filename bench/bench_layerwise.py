@@ -51,7 +51,7 @@ async def _one(address: str, prompt: list[int], output_len: int) -> dict:
 async def _compare(cluster: LocalCluster, model_dir: Path, args) -> dict:
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=cluster.prefill_addresses,
                                       decode_workers=cluster.decode_addresses, tokenizer=str(model_dir),
-                                      kv_flow="layerwise"))
+                                      kv_flow="layerwise", mesh_token=cluster.mesh_token))
     addresses = {"pull": cluster.gateway_address, "layerwise": await gateway.start()}
     samples: dict[int, dict[str, list[dict]]] = {}
     try:

@@ -16,31 +16,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import secrets
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-import grpc
 
 from bench.common import REPORT_DIR, plot_bars, random_prompts
 from bench.serve_systems import System, monolithic_vllm, spawned
-from pdmesh.config import DEFAULT_MODEL_DIR
+from pdmesh.config import DEFAULT_MODEL_DIR, TlsSettings
 from pdmesh.models.tiny import ensure_llama
+from pdmesh.tls import open_channel
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
+MESH_TOKEN = secrets.token_urlsafe(24)   # the prefill workers' (their port asks for it)
 
 
 def prefill_worker(model_dir: Path, log_dir: Path, name: str, args: list[str]):
     """A `python -m prefill` on core 0; yields its ready record (address, kv_address)."""
     ready = log_dir / f"{name}.ready.json"
     return spawned(["-m", "prefill", "--port", "0", "--engine.model", str(model_dir), "--engine.omp_threads_bind",
-                    "0", "--ready_file", str(ready), "--exit_with_parent", *args], ready, log_dir / f"{name}.log")
+                    "0", "--ready_file", str(ready), "--exit_with_parent", *args], ready, log_dir / f"{name}.log",
+                   env={**os.environ, "PDMESH_WORKER_MESH_TOKEN": MESH_TOKEN})
 
 
 async def _prefill_round(record: dict, prompts: list[list[int]], tag: str) -> float:
-    async with grpc.aio.insecure_channel(record["address"]) as channel:
+    async with open_channel(record["address"], TlsSettings(), mesh_token=MESH_TOKEN) as channel:
         prefill = worker_pb2_grpc.PrefillStub(channel)
 
         async def one(i: int, prompt: list[int]) -> None:

@@ -88,7 +88,7 @@ class PolicyRun:
 
 
 async def _start_gateway(cluster: LocalCluster, redis: RedisServer, policy: str) -> tuple[Gateway, str]:
-    settings = GatewaySettings(port=0, prefill_workers=cluster.prefill_addresses,
+    settings = GatewaySettings(port=0, prefill_workers=cluster.prefill_addresses, mesh_token=cluster.mesh_token,
                                decode_workers=cluster.decode_addresses, tokenizer=str(cluster.model_dir),
                                route_policy=policy, kv_index_redis_url=redis.url,
                                kv_index_redis_password=redis.password, first_token_from="prefill")

@@ -36,7 +36,7 @@ async def _ttft(address: str, prompt: list[int], output_len: int) -> tuple[float
 async def _compare(cluster: LocalCluster, model_dir: Path, args) -> dict[str, list[tuple[float, float]]]:
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=cluster.prefill_addresses,
                                       decode_workers=cluster.decode_addresses, tokenizer=str(model_dir),
-                                      first_token_from="prefill"))
+                                      first_token_from="prefill", mesh_token=cluster.mesh_token))
     addresses = {"decode": cluster.gateway_address, "prefill": await gateway.start()}
     samples: dict[str, list[tuple[float, float]]] = {"decode": [], "prefill": []}
     try:

@@ -106,12 +106,13 @@ def pdmesh_cluster(system: System, model_dir: Path, log_dir: Path) -> Iterator[s
 
 
 @contextlib.contextmanager
-def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: float = 300.0) -> Iterator[dict]:
+def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: float = 300.0,
+            env: dict[str, str] | None = None) -> Iterator[dict]:
     """Runs `python <command>` (logging to a file, not a pipe nobody reads) until its ready file
     appears; yields the file's record (and the process's "pid"); stops the process after."""
     with log_path.open("w") as log:
         popen = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                                 start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + timeout_s
         while not ready_file.exists():

@@ -48,8 +48,9 @@ class Worker:
 class WorkerPool:
     def __init__(self, prefill_addresses: list[str], decode_addresses: list[str], tls: TlsSettings | None = None,
                  info_timeout_s: float = 5.0, cooldown_s: float = 5.0, wait_s: float = 0.0,
-                 registry: RegistryWatcher | None = None) -> None:
+                 registry: RegistryWatcher | None = None, mesh_token: str | None = None) -> None:
         self._tls = tls or TlsSettings()
+        self._mesh_token = mesh_token   # every call to a worker carries it
         self._registry = registry
         self._info_timeout_s = info_timeout_s
         self._cooldown_s = cooldown_s
@@ -149,7 +150,7 @@ class WorkerPool:
         await asyncio.gather(*(w.channel.close() for w in self._workers.values()))
 
     def _open(self, address: str, role: str, static: bool = False) -> Worker:
-        channel = open_channel(address, self._tls)  # no interceptors: calls trace themselves (client_span)
+        channel = open_channel(address, self._tls, mesh_token=self._mesh_token)  # calls trace themselves
         return Worker(address, role, channel, static=static)
 
     async def _first_back(self, workers: list[Worker]) -> list[Worker]:

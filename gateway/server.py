@@ -8,7 +8,7 @@ from pathlib import Path
 from gateway.auth import ApiKeyAuth
 from gateway.chat_template import ChatTemplate
 from gateway.generation import MeshGenerator
-from gateway.openai_http import OpenAIHttpServer
+from gateway.openai_http import HttpLimits, OpenAIHttpServer
 from gateway.pool import WorkerPool
 from gateway.prefix_index import PrefixIndex
 from gateway.routing import make_policy
@@ -29,12 +29,15 @@ class Gateway:
         self.metrics = MeshMetrics("gateway")
         self.metrics_address = ""
         self.http_address = ""
-        self.registry = RegistryWatcher(settings.registry) if settings.registry.redis_url else None
+        self.registry = (RegistryWatcher(settings.registry, settings.mesh_token)
+                         if settings.registry.redis_url else None)
         self.pool = WorkerPool(settings.prefill_workers, settings.decode_workers, settings.worker_tls,
                                cooldown_s=settings.worker_cooldown_s, wait_s=settings.worker_wait_s,
-                               registry=self.registry)
-        self._index = (PrefixIndex(settings.kv_index_redis_url, settings.kv_index_redis_password)
+                               registry=self.registry, mesh_token=settings.mesh_token)
+        self._index = (PrefixIndex(settings.kv_index_redis_url, settings.kv_index_redis_password,
+                                   mesh_token=settings.mesh_token)
                        if settings.kv_index_redis_url else None)
+        self.metrics.on_scrape(self._count_rejected)
         tokenizer = PromptTokenizer(settings.tokenizer)
         self.generator = MeshGenerator(self.pool, make_policy(settings.route_policy, self._index,
                                                               settings.route_load_tokens),
@@ -44,7 +47,7 @@ class Gateway:
         generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(self.generator, auth),
                                                            self._server.server)
         self._http = (OpenAIHttpServer(self.generator, auth, tokenizer,
-                                       ChatTemplate.from_model_dir(Path(settings.tokenizer)))
+                                       ChatTemplate.from_model_dir(Path(settings.tokenizer)), HttpLimits.of(settings))
                       if settings.http_port is not None else None)
 
     async def start(self) -> str:
@@ -58,6 +61,13 @@ class Gateway:
             self.http_address = await self._http.start(self._settings.host, self._settings.http_port)
         self.metrics.healthy.labels("gateway").set(1)
         return address
+
+    def _count_rejected(self) -> None:
+        """What the registry and the KV index ignored as unsigned or forged (at each scrape)."""
+        if self.registry is not None:
+            self.metrics.redis_rejected.labels("gateway", "registry").set(self.registry.num_rejected)
+        if self._index is not None:
+            self.metrics.redis_rejected.labels("gateway", "kv_index").set(self._index.num_rejected)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.metrics.healthy.labels("gateway").set(0)

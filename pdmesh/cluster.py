@@ -15,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdmesh import engine_debris
 from pdmesh.transport.shm import segments
+
+MESH_TOKEN_ENV = "PDMESH_MESH_TOKEN"   # the token a local cluster's processes share, when set
 
 
 def core_of(role: str, index: int, num_cores: int) -> int:
@@ -56,8 +59,9 @@ class LocalCluster:
     # (worker name, address) -> the address the gateway is given for it (fault tests: a proxy in front)
     gateway_dials: Callable[[str, str], str] | None = None
     startup_timeout_s: float = 300.0
-    # The workers' shared secret on their KV ports (passed in the environment, not on the command line).
-    mesh_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # The mesh's shared secret, which every worker port asks for and the gateway sends (passed in the
+    # environment, not on the command line): $PDMESH_MESH_TOKEN, else a fresh random one.
+    mesh_token: str = field(default_factory=lambda: os.environ.get(MESH_TOKEN_ENV) or secrets.token_urlsafe(24))
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
     decode_addresses: list[str] = field(default_factory=list)
@@ -107,6 +111,7 @@ class LocalCluster:
         finally:
             self._processes.clear()
             segments.sweep()  # what killed workers left in /dev/shm
+            engine_debris.sweep()  # and what their vLLM engines left in /dev/shm and /tmp
 
     @staticmethod
     def _kill_group(process: _Process) -> None:
@@ -118,6 +123,7 @@ class LocalCluster:
         """SIGKILLs a process (and its engine's processes): a crash, not a shutdown."""
         self._kill_group(self._named(name))
         segments.sweep()
+        engine_debris.sweep()
 
     def restart(self, name: str) -> None:
         """Starts a killed worker again on the ports it had, so every address of it still holds."""
@@ -177,7 +183,8 @@ class LocalCluster:
             dial = self.gateway_dials or (lambda name, address: address)
             args += ["--prefill_workers", json.dumps([dial(self.worker_names[a], a) for a in self.prefill_addresses]),
                      "--decode_workers", json.dumps([dial(self.worker_names[a], a) for a in self.decode_addresses])]
-        return self._spawn("gateway", [sys.executable, "-m", "gateway", *args])
+        return self._spawn("gateway", [sys.executable, "-m", "gateway", *args],
+                           env={**os.environ, "PDMESH_GATEWAY_MESH_TOKEN": self.mesh_token})
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None,
                restart: bool = False) -> _Process:

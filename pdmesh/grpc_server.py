@@ -19,12 +19,13 @@ from pdmesh.transport.grpc_options import GRPC_OPTIONS
 
 
 class AioServer:
-    def __init__(self, service_names: Iterable[str]) -> None:
+    def __init__(self, service_names: Iterable[str], interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> None:
         # Continues the caller's trace (traceparent + baggage) into this process. Health checks are
         # left out: probes are noise in traces, and the interceptor breaks the aio Health.Watch stream
         # (it iterates the handler's result; Watch writes through the context and returns None).
         tracing = aio_server_interceptor(filter_=filters.negate(filters.health_check()))
-        self.server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[tracing, RejectMalformedRequests()])
+        self.server = grpc.aio.server(options=GRPC_OPTIONS,
+                                      interceptors=[tracing, *interceptors, RejectMalformedRequests()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names = list(service_names)

@@ -9,6 +9,7 @@ import grpc
 
 from pdmesh.config import TlsSettings
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
+from pdmesh.transport.mesh_auth import token_interceptors
 
 
 def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
@@ -36,15 +37,17 @@ def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
         certificate_chain=_read_optional(tls.cert_file))
 
 
-def open_channel(address: str, tls: TlsSettings, options: Sequence[tuple[str, object]] | None = None
-                 ) -> grpc.aio.Channel:
-    """A grpc.aio channel to address: secure when tls is enabled, else insecure.
-    options default to the shared GRPC_OPTIONS."""
+def open_channel(address: str, tls: TlsSettings, options: Sequence[tuple[str, object]] | None = None,
+                 mesh_token: str | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel to address: secure when tls is enabled, else insecure; every call carries
+    mesh_token when given (a worker's ports refuse calls without it). options default to the shared
+    GRPC_OPTIONS."""
     options = list(GRPC_OPTIONS if options is None else options)
+    interceptors = token_interceptors(mesh_token) if mesh_token else None
     credentials = channel_credentials(tls)
     if credentials is None:
-        return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(address, credentials, options=options)
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 def _check_pair(tls: TlsSettings) -> None:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from pdmesh.config import WorkerSettings
+from pdmesh import engine_debris
 from pdmesh.connector.engine_core_ext import scheduler_stats
 from pdmesh.engine import build_worker_engine, free_port
 from pdmesh.errors import Incompatible
@@ -17,6 +18,7 @@ from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 from pdmesh.transport.affinity import pin_process
 from pdmesh.tls import server_credentials
+from pdmesh.transport.mesh_auth import AioMeshTokenInterceptor
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from pdmesh.worker_registration import WorkerRegistration
 
@@ -64,11 +66,16 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     block_nbytes_holder: list[int] = []
     kv_port = settings.kv_port or free_port(settings.kv_host, settings.engine.tensor_parallel_size)
     pin_process(settings.process_cpus)  # before the engine's processes start: they inherit it
+    engine_debris.sweep()  # what engines killed on this host left, before this one allocates
     engine = build_worker_engine(settings, kv_port, [stat_logger_factory(metrics, block_nbytes_holder)])
+    sweep_after_death = asyncio.get_running_loop().create_task(engine_debris.sweep_after_death(lambda: engine.errored))
     try:
         info = await describe_worker(settings, engine, settings.kv_address_for_peers(kv_port))
+        engine_debris.record_stores(await engine.collective_rpc("pdmesh_dist_store"))
+        await asyncio.to_thread(engine_debris.sweep)  # what was younger than the grace a moment ago
         block_nbytes_holder.append(info.compat.block_nbytes)
-        server = AioServer([service_name, "pdmesh.v1.WorkerInfo"])
+        token_check = [AioMeshTokenInterceptor(settings.mesh_token)] if settings.mesh_token else []
+        server = AioServer([service_name, "pdmesh.v1.WorkerInfo"], interceptors=token_check)
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
         add_servicer(server, engine, info, metrics)
         metrics_address = _serve_metrics(settings, metrics)
@@ -87,6 +94,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
             await registration.stop()
         await server.stop()
     finally:
+        sweep_after_death.cancel()
         engine.shutdown()
         shutdown_tracing(provider)
 
@@ -106,8 +114,22 @@ def _serve_metrics(settings: WorkerSettings, metrics: MeshMetrics) -> str:
     return "" if telemetry.metrics_port is None else metrics.serve(telemetry.metrics_host, telemetry.metrics_port)
 
 
+def missing_mesh_credential(settings: WorkerSettings) -> str | None:
+    """Why this worker would serve callers it cannot tell from mesh peers (None: it would not)."""
+    if settings.mesh_token or settings.insecure_no_mesh_auth:
+        return None
+    if settings.tls.ca_file is not None and settings.kv_tls.ca_file is not None:
+        return None   # mTLS with client certificates on both ports
+    return ("no mesh credential: set --mesh_token (PDMESH_WORKER_MESH_TOKEN, the same secret on every worker and "
+            "gateway of the mesh), or mTLS with client certificates on both ports (--tls.* and --kv_tls.* with "
+            "ca_file); --insecure_no_mesh_auth serves anyone who reaches the ports")
+
+
 def worker_main(role: str, service_name: str, add_servicer: AddServicer, argv: list[str] | None = None) -> None:
     """Entry point of `python -m prefill` / `python -m decode`."""
     settings = WorkerSettings.from_cli(argv, role=role)
     configure_logging(settings.telemetry.log_format)
+    problem = missing_mesh_credential(settings)
+    if problem is not None:
+        raise SystemExit(f"pdmesh {role} worker: {problem}")
     asyncio.run(run_worker(settings, service_name, add_servicer))

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from pathlib import Path
 
 import pytest
 
+from pdmesh.cluster import MESH_TOKEN_ENV
 from pdmesh.models.tiny import ensure_deepseek_v2, ensure_llama
 from tests.redis_server import RedisServer
 
+# Every local cluster of the session shares this mesh token, so the tests' own calls to a worker carry it.
+MESH_TOKEN = os.environ.setdefault(MESH_TOKEN_ENV, secrets.token_urlsafe(24))
 TEST_MODELS_DIR = Path(os.environ.get("PDMESH_TEST_MODELS_DIR", Path.home() / ".cache" / "pdmesh" / "test-models"))
 
 

@@ -118,7 +118,7 @@ def test_workers_register_their_pod_ip_and_every_address_is_a_service_port(rende
         ports = {p["name"]: p["containerPort"] for p in containers[role]["ports"]}
         assert (worker.host, worker.advertise_host, worker.port) == ("0.0.0.0", POD_IP, ports["grpc"])
         assert (worker.registry.redis_url, worker.registry.redis_password) == (redis_url, "secret:redis-password")
-        assert worker.mesh_token == "secret:mesh-token"
+        assert worker.mesh_token == gateway.mesh_token == "secret:mesh-token"   # the same secret on every port
         assert worker.engine.model.startswith("/models/")
         for settings in (gateway, worker):
             assert (settings.telemetry.exporter, settings.telemetry.otlp_endpoint) == ("otlp", collector)

@@ -10,6 +10,7 @@ import random
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from gateway.server import Gateway
@@ -17,7 +18,9 @@ from pdmesh.baseline import run_in_subprocess
 from pdmesh.cluster import LocalCluster
 from pdmesh.config import GatewaySettings, TlsSettings
 from pdmesh.tls import open_channel
+from pdmesh.transport.mesh_auth import with_mesh_token
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.conftest import MESH_TOKEN
 from tests.e2e.fuzz_tally import TALLY, TALLY_PATH_ENV
 from tests.otlp_receiver import OtlpReceiver
 from tests.redis_server import RedisServer
@@ -156,8 +159,17 @@ def assert_nothing_pinned(cluster: LocalCluster, num_expired: int = 0) -> None:
         assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, num_expired), address
 
 
+def mesh_channel(address: str, tls: TlsSettings | None = None) -> grpc.aio.Channel:
+    """A channel to a worker of the session's clusters: its calls carry their mesh token."""
+    return open_channel(address, tls or TlsSettings(), mesh_token=MESH_TOKEN)
+
+
+def sync_mesh_channel(address: str) -> grpc.Channel:
+    return with_mesh_token(grpc.insecure_channel(address), MESH_TOKEN)
+
+
 async def worker_stats(address: str, tls: TlsSettings | None = None) -> worker_pb2.WorkerStats:
-    async with open_channel(address, tls or TlsSettings()) as channel:
+    async with mesh_channel(address, tls) as channel:
         return await worker_pb2_grpc.WorkerInfoStub(channel).GetStats(worker_pb2.GetStatsRequest())
 
 
@@ -180,6 +192,7 @@ async def in_process_gateway(cluster: LocalCluster, tokenizer_dir: Path, prefill
                              with_gateway: bool = False, **settings):
     """A second gateway (here, in the test's process) in front of the cluster's workers."""
     settings.setdefault("decode_workers", cluster.decode_addresses)
+    settings.setdefault("mesh_token", cluster.mesh_token)
     gateway = Gateway(GatewaySettings(port=0, prefill_workers=prefill_workers or cluster.prefill_addresses,
                                       tokenizer=str(tokenizer_dir), **settings))
     address = await gateway.start()

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import token_prompts
+from tests.e2e.conftest import sync_mesh_channel, token_prompts
 from tests.e2e.fuzz_tally import EXAMPLES_ENV, TALLY
 
 CLIENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE,
@@ -45,7 +45,7 @@ def client_error(error: grpc.RpcError, *extra: grpc.StatusCode) -> bool:
 
 def peer_compats(prefill_address: str) -> tuple[common_pb2.CompatInfo, common_pb2.CompatInfo]:
     """A prefill worker's compat (a peer's) and the same for another model (a foreign peer's)."""
-    with grpc.insecure_channel(prefill_address) as channel:
+    with sync_mesh_channel(prefill_address) as channel:
         info = worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
     foreign = common_pb2.CompatInfo()
     foreign.CopyFrom(info.compat)

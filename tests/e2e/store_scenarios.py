@@ -11,7 +11,7 @@ import grpc
 from pdmesh.client import generate, make_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import (STORE_PREFIX_TOKENS, STORE_SCENARIOS, STORE_SUFFIX_TOKENS, in_process_gateway,
-                                store_prompt_pair, worker_stats)
+                                mesh_channel, store_prompt_pair, worker_stats)
 
 BLOCK_SIZE = 32
 PROMPT_TOKENS = STORE_PREFIX_TOKENS + STORE_SUFFIX_TOKENS
@@ -34,7 +34,7 @@ async def generate_on(cluster, tokenizer_dir, prefill: int, prompt: list[int], r
 
 
 async def spill(cluster, prefill: int, tier: str) -> int:
-    async with grpc.aio.insecure_channel(cluster.prefill_addresses[prefill]) as channel:
+    async with mesh_channel(cluster.prefill_addresses[prefill]) as channel:
         response = await worker_pb2_grpc.WorkerInfoStub(channel).SpillKV(worker_pb2.SpillKVRequest(tier=tier))
     return response.num_blocks_moved
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pdmesh.transport.mesh_auth import MESH_TOKEN_KEY
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.e2e.conftest import sync_mesh_channel
 from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TALLY, TOKENS, TRANSFER_IDS, client_error,
                                decode_runs_or_is_refused, kv_handles, peer_compats, prefill_runs_or_is_refused)
 
@@ -29,7 +30,7 @@ def peer(cluster):
 
 
 def test_fuzzed_prefill_requests_are_run_or_refused(cluster):
-    with grpc.insecure_channel(cluster.prefill_addresses[0]) as channel:
+    with sync_mesh_channel(cluster.prefill_addresses[0]) as channel:
         stub = worker_pb2_grpc.PrefillStub(channel)
 
         @FUZZ
@@ -46,7 +47,7 @@ def test_fuzzed_prefill_requests_are_run_or_refused(cluster):
 
 def test_fuzzed_decode_requests_stream_or_are_refused(cluster, peer):
     handles = kv_handles(cluster.prefill_addresses_kv[0], peer)
-    with grpc.insecure_channel(cluster.decode_addresses[0]) as channel:
+    with sync_mesh_channel(cluster.decode_addresses[0]) as channel:
         stub = worker_pb2_grpc.DecodeStub(channel)
 
         @FUZZ

@@ -26,7 +26,7 @@ from pdmesh.registry import RegistryWatcher
 from pdmesh.tls import open_channel
 from pdmesh.v1 import generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import (FAILOVER_PROMPT, FAILOVER_SAMPLING, HOLD_TIMEOUT_S, MAX_TOKENS, USER_CHATS,
-                                USER_TEXT_PROMPTS, in_process_gateway, settled_stats, worker_stats)
+                                USER_TEXT_PROMPTS, in_process_gateway, mesh_channel, settled_stats, worker_stats)
 from tests.redis_server import RedisServer
 from tests.tls_certs import make_certs
 
@@ -165,7 +165,7 @@ async def test_workers_accept_only_clients_with_the_gateways_certificate(users_c
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    async with open_channel(address, gateway_tls) as channel:
+    async with mesh_channel(address, gateway_tls) as channel:
         info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
     assert info.role == "decode"
 
@@ -404,7 +404,7 @@ async def _idle(cluster, tls: TlsSettings) -> None:
 
 
 async def _indexed(index: PrefixIndex, cluster, tls: TlsSettings, prompt: list[int], num_blocks: int) -> None:
-    async with open_channel(cluster.prefill_addresses[0], tls) as channel:
+    async with mesh_channel(cluster.prefill_addresses[0], tls) as channel:
         info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
 
     async def indexed():

@@ -10,7 +10,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdmesh.client import generate, make_request
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import ABANDONED_TRANSFERS, HOLD_TIMEOUT_S, LOST_KV_PROMPT, MAX_TOKENS, token_prompts, worker_stats
+from tests.e2e.conftest import (ABANDONED_TRANSFERS, HOLD_TIMEOUT_S, LOST_KV_PROMPT, MAX_TOKENS, mesh_channel,
+                                token_prompts, worker_stats)
 
 pytestmark = pytest.mark.vllm
 
@@ -47,7 +48,7 @@ async def test_invalid_request_gets_its_status_and_workers_stay_healthy(cluster,
     ({"prompt_token_ids": [0, 5], "sampling": common_pb2.SamplingParams(max_tokens=1, stop=[""])}, "empty string"),
 ])
 async def test_workers_reject_bad_requests_sent_to_them_directly(cluster, request_fields, message):
-    async with grpc.aio.insecure_channel(cluster.prefill_addresses[0]) as channel:
+    async with mesh_channel(cluster.prefill_addresses[0]) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await worker_pb2_grpc.PrefillStub(channel).Prefill(
                 worker_pb2.PrefillRequest(request_id="bad-1", **request_fields))
@@ -56,7 +57,7 @@ async def test_workers_reject_bad_requests_sent_to_them_directly(cluster, reques
 
 
 async def test_decode_refuses_kv_from_an_incompatible_producer(cluster):
-    async with grpc.aio.insecure_channel(cluster.decode_addresses[0]) as channel:
+    async with mesh_channel(cluster.decode_addresses[0]) as channel:
         info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest())
         compat = common_pb2.CompatInfo()
         compat.CopyFrom(info.compat)
@@ -74,7 +75,7 @@ async def test_decode_refuses_kv_from_an_incompatible_producer(cluster):
 
 async def test_decode_refuses_a_handle_whose_ranks_disagree_with_its_compat(cluster):
     """The handle's producer ranks decide which ports decode reads: they must be the compat's."""
-    async with grpc.aio.insecure_channel(cluster.decode_addresses[0]) as channel:
+    async with mesh_channel(cluster.decode_addresses[0]) as channel:
         info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest())
         request = worker_pb2.DecodeRequest(
             request_id="ranks-1", prompt_token_ids=[0, 5, 6], sampling=common_pb2.SamplingParams(max_tokens=2),
@@ -91,7 +92,7 @@ async def test_lost_kv_is_recomputed_on_decode_and_output_stays_correct(cluster,
     """A handle naming a transfer the producer never held: the pull fails, vLLM recomputes."""
     prompt, want = LOST_KV_PROMPT, reference["runs"][3]["token_ids"][0]  # sent by no other test
     before = await worker_stats(cluster.decode_addresses[0])
-    async with grpc.aio.insecure_channel(cluster.decode_addresses[0]) as channel:
+    async with mesh_channel(cluster.decode_addresses[0]) as channel:
         info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest())
         request = worker_pb2.DecodeRequest(
             request_id="lost-1", prompt_token_ids=prompt,
@@ -111,7 +112,7 @@ async def test_lost_kv_is_recomputed_on_decode_and_output_stays_correct(cluster,
 
 async def test_kv_no_decode_ever_pulls_is_freed_at_the_hold_deadline(cluster):
     before = await worker_stats(cluster.prefill_addresses[0])
-    async with grpc.aio.insecure_channel(cluster.prefill_addresses[0]) as channel:
+    async with mesh_channel(cluster.prefill_addresses[0]) as channel:
         response = await worker_pb2_grpc.PrefillStub(channel).Prefill(
             worker_pb2.PrefillRequest(request_id="abandoned-1", prompt_token_ids=[0] + list(range(700, 740))))
     assert len(response.kv.block_ids) == 2

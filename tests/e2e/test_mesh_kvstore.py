@@ -17,11 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstore.block_key import block_keys
 from kvstore.disk_tier import find_block
 from pdmesh.cluster import LocalCluster
+from pdmesh.telemetry.tracing import CLIENT_REQUEST_ID_KEY
 from pdmesh.compat import fingerprint_seed
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.kvstore.factories import flip_bit
-from tests.e2e.conftest import (HOLD_TIMEOUT_S, STORE_PREFIX_TOKENS, STORE_SUFFIX_TOKENS, settled_stats,
-                                store_prompt_pair, telemetry_flags, worker_stats)
+from tests.e2e.conftest import (HOLD_TIMEOUT_S, STORE_PREFIX_TOKENS, STORE_SUFFIX_TOKENS, mesh_channel,
+                                settled_stats, store_prompt_pair, telemetry_flags, worker_stats)
 from tests.e2e.store_scenarios import BLOCK_SIZE, PROMPT_TOKENS, first_then_second, spill
 
 pytestmark = pytest.mark.vllm
@@ -74,7 +75,7 @@ def _assert_store_spans(otlp_receiver, request_id: str, num_blocks: int) -> None
 
     def prefill_trace(spans):
         """The spans in the trace of the request's prefill (the test's own gateway exports none)."""
-        trace_ids = {s.trace_id for s in spans if s.name == "prefill" and s.attributes.get("pdmesh.request_id") ==
+        trace_ids = {s.trace_id for s in spans if s.name == "prefill" and s.attributes.get(CLIENT_REQUEST_ID_KEY) ==
                      request_id}
         return [s for s in spans if s.trace_id in trace_ids]
 
@@ -82,7 +83,7 @@ def _assert_store_spans(otlp_receiver, request_id: str, num_blocks: int) -> None
     by_name = {s.name: s for s in spans}
     by_id = {s.span_id: s for s in spans}
     assert len({s.trace_id for s in spans}) == 1
-    assert {s.attributes.get("pdmesh.request_id") for s in spans} == {request_id}
+    assert {s.attributes.get(CLIENT_REQUEST_ID_KEY) for s in spans} == {request_id}
 
     def parent_name(name: str) -> str:
         return by_id[by_name[name].parent_span_id].name
@@ -119,7 +120,7 @@ async def test_a_bit_flipped_on_nvme_is_detected_counted_and_recomputed(store_cl
 
     async def flip_a_bit():
         await spill(store_cluster, 0, "nvme")
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with mesh_channel(address) as channel:
             info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest())
         keys = block_keys(fingerprint_seed(info.compat), store_prompt_pair("corrupt_nvme")[0], BLOCK_SIZE)
         path, offset = find_block(store_cluster.store_dir / "prefill-0", keys[corrupt_block].block_hash,

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
 from pdmesh.v1 import generate_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import HOLD_TIMEOUT_S, MAX_TOKENS, in_process_gateway, kill_prompts, settled_stats, worker_stats
+from tests.e2e.conftest import (HOLD_TIMEOUT_S, MAX_TOKENS, in_process_gateway, kill_prompts, mesh_channel,
+                                settled_stats, sync_mesh_channel, worker_stats)
 from tests.e2e.fuzzing import (FUZZ, PROMPTS, SMALL_SAMPLING, TRANSFER_IDS, decode_runs_or_is_refused, kv_handles,
                                peer_compats, prefill_runs_or_is_refused)
 
@@ -67,7 +68,7 @@ async def test_a_layerwise_transfer_id_used_before_is_refused_by_prefill(layerwi
     """A replay would publish a second request's KV under a transfer the first one holds, and the
     first's blocks would never be freed."""
     transfer_id = secrets.token_urlsafe(18)
-    async with grpc.aio.insecure_channel(layerwise_cluster.prefill_addresses[0]) as channel:
+    async with mesh_channel(layerwise_cluster.prefill_addresses[0]) as channel:
         stub = worker_pb2_grpc.PrefillStub(channel)
         requests = [worker_pb2.PrefillRequest(request_id=f"replay-{n}", prompt_token_ids=_fresh_prompt(7)[:40],
                                               layerwise_transfer_id=transfer_id) for n in range(2)]
@@ -84,7 +85,7 @@ async def test_a_layerwise_transfer_id_used_before_is_refused_by_prefill(layerwi
 
 def test_fuzzed_layerwise_prefill_requests_run_once_per_transfer_id_or_are_refused(layerwise_cluster):
     accepted: list[str] = []
-    with grpc.insecure_channel(layerwise_cluster.prefill_addresses[0]) as channel:
+    with sync_mesh_channel(layerwise_cluster.prefill_addresses[0]) as channel:
         stub = worker_pb2_grpc.PrefillStub(channel)
 
         @LAYERWISE_FUZZ
@@ -107,7 +108,7 @@ def test_fuzzed_layerwise_decode_requests_stream_or_are_refused(layerwise_cluste
     cluster = layerwise_cluster
     handles = kv_handles(cluster.prefill_addresses_kv[0], peer_compats(cluster.prefill_addresses[0]),
                          transfer_ids=st.one_of(TRANSFER_IDS, st.sampled_from(MINTED_IDS)), layerwise=True)
-    with grpc.insecure_channel(cluster.decode_addresses[0]) as channel:
+    with sync_mesh_channel(cluster.decode_addresses[0]) as channel:
         stub = worker_pb2_grpc.DecodeStub(channel)
 
         @LAYERWISE_FUZZ

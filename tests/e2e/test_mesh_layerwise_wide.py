@@ -1,9 +1,10 @@
 """The layer-wise flow over Mooncake with the wide test model (512 KiB blocks) and a 2,048-token
-prompt (issue 30, item 2): prefill announces the step's layers only when it is done (a
---layerwise_read_bytes larger than the step's KV), so decode reads all 8 layers of 64 blocks, 32
-MiB, at once. That read used to go to Mooncake as one batch into a 16 MiB staging slab, which the
-engine wrote past into decode's memory; it now moves in batches that fit the slab, and the greedy
-tokens equal monolithic vLLM's."""
+prompt (issue 30, item 2). Prefill computes the prompt in one step and announces no layer before
+the step is done; decode, made to pause after its first read (the fault settings' stall), finds
+the rest written and reads at least 5 layers of 64 blocks (20 MiB and more) at once. That read used
+to go to Mooncake as one batch into a 16 MiB staging slab, which the engine wrote past into
+decode's memory; it now moves in batches that fit the slab, and the greedy tokens equal monolithic
+vLLM's with every block read."""
 
 from __future__ import annotations
 
@@ -41,13 +42,15 @@ def wide_reference(wide_dir, tmp_path_factory) -> list[int]:
 @pytest.fixture(scope="module")
 def wide_mesh(wide_dir, wide_reference, tmp_path_factory):
     with LocalCluster(wide_dir, tmp_path_factory.mktemp("wide-mesh"),
-                      worker_args=["--kv_transport", "mooncake", "--mooncake_host", "127.0.0.1"],
+                      worker_args=["--kv_transport", "mooncake", "--mooncake_host", "127.0.0.1",
+                                   "--kv_faults.stall_request_prefix", "stall-", "--kv_faults.stall_s", "5"],
                       prefill_args=PREFILL_ARGS, gateway_args=["--kv_flow", "layerwise"]) as running:
         yield running
 
 
 async def test_a_long_prompt_of_wide_blocks_lands_whole_over_mooncake(wide_mesh, wide_reference):
-    token_ids, _, last = await generate(wide_mesh.gateway_address, make_request(PROMPT, max_tokens=MAX_TOKENS))
+    token_ids, _, last = await generate(wide_mesh.gateway_address, make_request(PROMPT, max_tokens=MAX_TOKENS,
+                                                                                 request_id="stall-wide"))
     assert token_ids == wide_reference
     assert (last.transfer.layerwise, last.transfer.num_blocks) == (True, 64)
     assert last.transfer.num_bytes == 64 * (512 << 10)

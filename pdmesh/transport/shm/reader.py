@@ -5,8 +5,11 @@ straight into its own KV cache: one copy (checksummed as it goes), no bytes thro
 from __future__ import annotations
 
 import mmap
+import os
+import stat
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -14,6 +17,9 @@ from pdmesh.errors import WorkerFailed
 from pdmesh.transport.kv_layout import Copy
 from pdmesh.transport.kv_transport import SHM, PeerLink, ReadOptions
 from pdmesh.transport.registered_reader import RegisteredMemoryReader
+
+SHM_DIR = Path("/dev/shm")
+SHARED_FILE_PREFIXES = ("torch_", "pdmesh-")   # a producer's KV cache (torch's file), a KV store's export slab
 
 
 class ShmKVReader(RegisteredMemoryReader):
@@ -40,11 +46,7 @@ class ShmKVReader(RegisteredMemoryReader):
     def _map(self, path: str) -> mmap.mmap:
         with self._lock:
             if path not in self._maps:
-                try:
-                    with open(path, "rb") as file:
-                        self._maps[path] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-                except OSError as exc:
-                    raise WorkerFailed(f"cannot map the producer's KV cache {path}: {exc}") from exc
+                self._maps[path] = map_shared_file(path)
             return self._maps[path]
 
     def forget(self, link: PeerLink) -> None:
@@ -56,3 +58,26 @@ class ShmKVReader(RegisteredMemoryReader):
     def close(self) -> None:
         with self._lock:
             self._maps.clear()
+
+
+def map_shared_file(path: str) -> mmap.mmap:
+    """Maps, read-only, a file a producer on this host named in its handshake answer: only a pdmesh or
+    torch shared-memory file directly in /dev/shm, a regular file (no link followed) owned by this
+    process's user. Anything else (a path a peer made up: /etc/shadow, another user's file, a link
+    to one) is refused before it is opened for reading."""
+    where = Path(path)
+    if where.parent != SHM_DIR or not where.name.startswith(SHARED_FILE_PREFIXES):
+        raise WorkerFailed(f"refused to map {path!r}: not a pdmesh shared-memory file in {SHM_DIR}")
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkerFailed(f"cannot map the producer's KV cache {path}: {exc}") from exc
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.getuid():
+            raise WorkerFailed(f"refused to map {path!r}: not a regular file of this user")
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise WorkerFailed(f"cannot map the producer's KV cache {path}: {exc}") from exc
+    finally:
+        os.close(fd)
