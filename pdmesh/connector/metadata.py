@@ -83,6 +83,11 @@ class PDMeshConnectorMetadata(KVConnectorMetadata):
     layerwise_steps: list[LayerwiseStep] = field(default_factory=list)
     layerwise_restarted: list[str] = field(default_factory=list)  # transfer ids whose request was preempted
     layerwise_ended: list[str] = field(default_factory=list)      # transfer ids that will never be held
+    # Pull flow: ids minted for requests scheduled this step, before any can leave the engine (the
+    # producer waits for their holds, and answers a read of any other id at once) ...
+    minted_transfer_ids: list[str] = field(default_factory=list)
+    # ... and minted ids whose requests ended without handing their KV over (never held).
+    unheld_transfer_ids: list[str] = field(default_factory=list)
 
 
 @dataclass

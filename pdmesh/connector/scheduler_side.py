@@ -50,6 +50,10 @@ class ConnectorScheduler:
         self._stats: OrderedDict[str, dict] = OrderedDict()  # request id: what its pull or load did
         self._max_stats = max_stats
         self._layerwise = LayerwiseSteps()  # producer: prompts a consumer reads layer by layer as they compute
+        # producer, pull flow: the transfer id of each request, minted when first scheduled (engine request id: id)
+        self._transfer_ids: dict[str, str] = {}
+        self._minted: list[str] = []   # minted since the last metadata: the workers are told before any leaves
+        self._unheld: list[str] = []   # minted ids whose requests ended without a hand-over
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         params = request.kv_transfer_params
@@ -62,11 +66,21 @@ class ConnectorScheduler:
         if params and params.get(kvp.DO_REMOTE_PREFILL):
             self._plan_pull(request, params, blocks, num_external_tokens)
             return
+        if params and params.get(kvp.DO_REMOTE_DECODE) and not params.get(kvp.LAYERWISE_TRANSFER_ID):
+            self._mint_transfer_id(request.request_id)
         if params and params.get(kvp.LAYERWISE_TRANSFER_ID):
             self._layerwise.track(request.request_id, str(params[kvp.LAYERWISE_TRANSFER_ID]),
                                   params.get(kvp.PDMESH_REQUEST_ID, request.request_id), request.prompt_token_ids,
                                   _salt(request))
         self._plan_store_load(request, blocks, num_external_tokens)
+
+    def _mint_transfer_id(self, request_id: str) -> None:
+        """The capability decode will read and free the request's blocks with, minted when it is first
+        scheduled (kept across preemptions): the workers learn it with this step, before any output of
+        the request, so a read that reaches the producer before the hold is known to be genuine."""
+        if request_id not in self._transfer_ids:
+            self._transfer_ids[request_id] = secrets.token_urlsafe(18)
+            self._minted.append(self._transfer_ids[request_id])
 
     # ---- producer with a KV store ----
     def _num_store_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -167,10 +181,13 @@ class ConnectorScheduler:
             self._recvs.append(self._release_only(request, params))
             return False, stats_params
         layerwise_transfer_id = str(params.get(kvp.LAYERWISE_TRANSFER_ID) or "")
+        minted = self._transfer_ids.pop(request.request_id, None)
         block_ids = list(block_ids[0]) if block_ids and isinstance(block_ids[0], (list, tuple)) else list(block_ids)
         handed_over = bool(params.get(kvp.DO_REMOTE_DECODE)) and self._finished_normally(request)
         if layerwise_transfer_id:
             self._layerwise.finish(request.request_id, layerwise_transfer_id, held=handed_over and bool(block_ids))
+        if minted is not None and not (handed_over and block_ids):
+            self._unheld.append(minted)
         if not handed_over:
             return False, stats_params
         if not block_ids:
@@ -178,7 +195,7 @@ class ConnectorScheduler:
         num_tokens = request.num_computed_tokens
         block_ids = block_ids[:_cdiv(num_tokens, self._block_size)]
         # the capability decode reads and frees the blocks with (layer-wise: the one it already has)
-        transfer_id = layerwise_transfer_id or secrets.token_urlsafe(18)
+        transfer_id = layerwise_transfer_id or minted or secrets.token_urlsafe(18)
         self._sends.append(SendTask(transfer_id, block_ids, list(request.prompt_token_ids[:num_tokens]),
                                     extra_key=_salt(request),
                                     pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
@@ -194,15 +211,17 @@ class ConnectorScheduler:
     # ---- both ----
     def has_work_for_workers(self) -> bool:
         """The next step's metadata would tell the workers something."""
-        return bool(self._sends or self._recvs or self._loads) or self._layerwise.has_news()
+        news = self._sends or self._recvs or self._loads or self._minted or self._unheld
+        return bool(news) or self._layerwise.has_news()
 
     def build_connector_meta(self, scheduler_output: Any = None) -> PDMeshConnectorMetadata:
         steps, restarted, ended = self._layerwise.take(scheduler_output)
         meta = PDMeshConnectorMetadata(
             sends=self._sends, recvs=self._recvs, loads=self._loads,
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output is not None else 0,
-            layerwise_steps=steps, layerwise_restarted=restarted, layerwise_ended=ended)
-        self._sends, self._recvs, self._loads = [], [], []
+            layerwise_steps=steps, layerwise_restarted=restarted, layerwise_ended=ended,
+            minted_transfer_ids=self._minted, unheld_transfer_ids=self._unheld)
+        self._sends, self._recvs, self._loads, self._minted, self._unheld = [], [], [], [], []
         return meta
 
     def close(self) -> None:

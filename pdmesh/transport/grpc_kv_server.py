@@ -2,7 +2,10 @@
 transport (handshake, open, release) and the gRPC transport's streamed pull.
 
 That process has no asyncio loop and runs model steps on its main thread, so this is a
-thread-pool `grpc.server`: reads of held (immutable) blocks happen off the engine thread.
+thread-pool `grpc.server`: reads of held (immutable) blocks happen off the engine thread. The calls
+that can hold a thread for long have budgets of them (KV_PORT_BUDGETS): past one, a call is refused
+with RESOURCE_EXHAUSTED, so no peer can take every thread; a read of a transfer id the engine never
+announced is refused at once (pdmesh/transport/held_transfers.py).
 """
 
 from __future__ import annotations
@@ -31,11 +34,26 @@ from pdmesh.transport.kv_transport import GRPC, KVExporter
 from pdmesh.transport.layer_progress import LayerProgress
 from pdmesh.tls import server_credentials
 from pdmesh.transport.mesh_auth import MeshAuth, MeshTokenInterceptor
-from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
+from pdmesh.transport.rpc_budgets import RpcBudget, RpcBudgetInterceptor, threads_for
+from pdmesh.v1 import common_pb2, kv_store_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 BlockReader = Callable[[list[int]], np.ndarray]  # engine block ids -> (n, block_nbytes) uint8 rows
 BlockChecksums = Callable[[list[int]], list[int]]  # engine block ids -> checksum of each block's bytes
 MAX_WATCH_MS = 5000  # a Watch holds one of the server's threads at most this long
+_KV = "/" + kv_transfer_pb2.DESCRIPTOR.services_by_name["KVTransfer"].full_name
+_STORE = "/" + kv_store_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
+# The calls that can hold a thread for long, and how many of each run at once: a Watch long-polls
+# (a layer-wise consumer keeps one going per read, up to decode's 64); an Open or Pull may wait for
+# its hold and a Pull streams to its reader's pace; a store Export reads the store's tiers and a
+# Lookup may ask Redis. Past its budget a call is answered RESOURCE_EXHAUSTED at once.
+KV_PORT_BUDGETS = (
+    RpcBudget("watch", (f"{_KV}/Watch",), 64),
+    RpcBudget("open", (f"{_KV}/Open",), 16),
+    RpcBudget("pull", (f"{_KV}/Pull",), 16),
+    RpcBudget("store export", (f"{_STORE}/Export",), 4),
+    RpcBudget("store lookup", (f"{_STORE}/Lookup",), 4),
+)
+FREE_THREADS = 8  # threads left for what no budget holds (handshakes, releases, health) when all are in use
 
 
 class ExportedTransfers(Protocol):
@@ -271,12 +289,18 @@ class ExtraService:
 class GrpcKVServer:
     """Owns the server; `address` is host:port actually bound."""
 
-    def __init__(self, servicer: KVTransferServicer, host: str, port: int, max_workers: int = 32,
-                 extra_services: Sequence[ExtraService] = (), auth: MeshAuth | None = None) -> None:
+    def __init__(self, servicer: KVTransferServicer, host: str, port: int,
+                 extra_services: Sequence[ExtraService] = (), auth: MeshAuth | None = None,
+                 budgets: Sequence[RpcBudget] = KV_PORT_BUDGETS) -> None:
         auth = auth or MeshAuth()
         interceptors = [MeshTokenInterceptor(auth.token)] if auth.token else []
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS,
-                                   interceptors=[*interceptors, RejectMalformedRequestsSync(), server_interceptor()])
+        self._budgets = RpcBudgetInterceptor(budgets)
+        threads = threads_for(budgets, FREE_THREADS)
+        # calls waiting for a thread: at most as many again, then RESOURCE_EXHAUSTED without queueing
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pdmesh-kv-port"),
+                                   options=GRPC_OPTIONS, maximum_concurrent_rpcs=2 * threads,
+                                   interceptors=[*interceptors, self._budgets, RejectMalformedRequestsSync(),
+                                                 server_interceptor()])
         kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(servicer, self._server)
         for extra in extra_services:
             extra.add_to_server(extra.servicer, self._server)
@@ -292,6 +316,11 @@ class GrpcKVServer:
     @property
     def address(self) -> str:
         return self._address
+
+    @property
+    def num_refused_busy(self) -> int:
+        """Calls answered RESOURCE_EXHAUSTED because their method's budget was in use."""
+        return sum(self._budgets.num_refused.values())
 
     def stop(self, grace_s: float = 1.0) -> None:
         self._server.stop(grace_s).wait()

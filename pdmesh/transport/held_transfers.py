@@ -32,9 +32,12 @@ class HeldTransfers:
     release is remembered until `early_release_ttl_s` and applied when the hold arrives. A read of a
     transfer that has ended (released, cancelled, expired) fails at once, for as long: a consumer
     late past the deadline must not wait out the hold's registration for blocks already freed.
+    A read waits for the hold only of a transfer id the engine announced (`announce`: minted when
+    its request was first scheduled, so before the id can leave the engine); any other id is
+    answered at once, so reads of made-up ids hold no KV-port thread.
     """
 
-    def __init__(self, early_release_ttl_s: float = 300.0) -> None:
+    def __init__(self, early_release_ttl_s: float = 300.0, announced_ttl_s: float = 3600.0) -> None:
         self._cond = threading.Condition()
         self._held: dict[str, HeldTransfer] = {}
         self._finished: set[str] = set()
@@ -43,11 +46,28 @@ class HeldTransfers:
         self._released_early: dict[str, float] = {}  # transfer id: forget after this monotonic time
         self._cancelled_early: dict[str, float] = {}  # pdmesh request id: forget after this monotonic time
         self._ended: dict[str, tuple[str, float]] = {}  # transfer id: (how it ended, forget after this time)
+        self._announced: dict[str, float] = {}  # transfer id to be held: forget after this monotonic time
         self._early_release_ttl_s = early_release_ttl_s
+        self._announced_ttl_s = announced_ttl_s  # a safety net: a hold or `drop_announced` forgets it first
         self._num_expired = 0
+
+    def announce(self, transfer_ids: list[str], now: float | None = None) -> None:
+        """Transfers the engine will hold when their requests finish: a read may wait for their holds."""
+        until = (time.monotonic() if now is None else now) + self._announced_ttl_s
+        with self._cond:
+            for transfer_id in transfer_ids:
+                self._announced[transfer_id] = until
+
+    def drop_announced(self, transfer_ids: list[str]) -> None:
+        """Announced transfers that will never be held (their requests ended without handing KV over)."""
+        with self._cond:
+            for transfer_id in transfer_ids:
+                if self._announced.pop(transfer_id, None) is not None:
+                    self._end(transfer_id, "abandoned")
 
     def hold(self, transfer: HeldTransfer) -> None:
         with self._cond:
+            self._announced.pop(transfer.transfer_id, None)
             self._engine_ids[transfer.transfer_id] = transfer.engine_request_id or transfer.transfer_id
             early = self._released_early.pop(transfer.transfer_id, None)
             if early is not None or self._cancelled_early.pop(transfer.request_id, None) is not None:
@@ -58,8 +78,11 @@ class HeldTransfers:
             self._cond.notify_all()
 
     def wait_for(self, transfer_id: str, timeout_s: float) -> HeldTransfer:
-        """The transfer, waiting for the engine to register it (it may lag the response by a step)."""
+        """The transfer, waiting for the engine to register it (it may lag the response by a step);
+        an id neither held, ended nor announced fails at once."""
         with self._cond:
+            if not (transfer_id in self._held or transfer_id in self._ended or transfer_id in self._announced):
+                raise TransferNotFound(f"no KV held for transfer {transfer_id!r}, and none announced")
             found = self._cond.wait_for(lambda: transfer_id in self._held or transfer_id in self._ended,
                                         timeout=timeout_s)
             if transfer_id in self._ended:
@@ -118,9 +141,9 @@ class HeldTransfers:
             for transfer_id in expired:
                 del self._held[transfer_id]
                 self._end(transfer_id, "expired", now)
-            for early in (self._released_early, self._cancelled_early):
-                for key in [key for key, until in early.items() if until <= now]:
-                    del early[key]
+            for remembered in (self._released_early, self._cancelled_early, self._announced):
+                for key in [key for key, until in remembered.items() if until <= now]:
+                    del remembered[key]
             for transfer_id in [tid for tid, (_, until) in self._ended.items() if until <= now]:
                 del self._ended[transfer_id]
             self._num_expired += len(expired)

@@ -19,7 +19,7 @@ class KVLinks:
         self._readers = {reader.transport: reader for reader in readers}
         self._order = [reader.transport for reader in readers]  # this consumer's preference
         self._lock = threading.Lock()
-        self._connecting = threading.Lock()
+        self._connecting: dict[str, threading.Lock] = {}  # producer address: held while handshaking with it
         self._links: dict[str, PeerLink] = {}
 
     @property
@@ -31,7 +31,11 @@ class KVLinks:
             link = self._links.get(address)
         if link is not None:
             return link
-        with self._connecting:  # one handshake at a time (they are rare: once per producer)
+        # one handshake at a time per producer (they are rare: once per producer); a producer that does
+        # not answer holds up the reads from it alone, not the handshakes with the others
+        with self._lock:
+            connecting = self._connecting.setdefault(address, threading.Lock())
+        with connecting:
             with self._lock:
                 link = self._links.get(address)
             if link is None:

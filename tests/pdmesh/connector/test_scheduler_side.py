@@ -256,3 +256,40 @@ def test_a_decode_requests_pull_stats_come_back_in_its_finished_params():
     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
     assert sched.request_finished(request, ([1, 2, 3],)) == (False, {kvp.REQUEST_STATS: pull_stats})
     assert sched.request_finished(request, ([1, 2, 3],)) == (False, None)  # handed out once
+
+
+def test_a_pull_flow_transfer_id_is_minted_when_first_scheduled_and_told_the_workers_before_its_handle_leaves():
+    """The producer's workers know the id from the step that computes the request on, so a read that
+    reaches them before the hold (a step after the request finished) waits for it; any other id is
+    refused at once."""
+    sched = ConnectorScheduler(BLOCK_SIZE, "127.0.0.1:7")
+    request = _Request("p-1", list(range(40)), kvp.prefill_params("mesh-1"), num_computed_tokens=40)
+    sched.update_state_after_alloc(request, _Blocks([5, 8]), num_external_tokens=0)
+    assert sched.has_work_for_workers()
+    (minted,) = sched.build_connector_meta().minted_transfer_ids
+    sched.update_state_after_alloc(request, _Blocks([5, 8]), num_external_tokens=0)  # resumed after a preemption
+    assert sched.build_connector_meta().minted_transfer_ids == []
+    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    _, handle = sched.request_finished(request, ([5, 8],))
+    assert kvp.KVHandle.from_params(handle).transfer_id == minted and len(minted) >= 24
+    meta = sched.build_connector_meta()
+    assert ([send.transfer_id for send in meta.sends], meta.unheld_transfer_ids) == ([minted], [])
+
+
+def test_a_minted_transfer_id_whose_request_ends_without_a_handover_is_dropped_by_the_workers():
+    sched = ConnectorScheduler(BLOCK_SIZE, "x")
+    request = _Request("p-1", [1, 2], kvp.prefill_params("m"), num_computed_tokens=2)
+    sched.update_state_after_alloc(request, _Blocks([5]), num_external_tokens=0)
+    (minted,) = sched.build_connector_meta().minted_transfer_ids
+    request.status = RequestStatus.FINISHED_ABORTED
+    assert sched.request_finished(request, ([5],)) == (False, None)
+    meta = sched.build_connector_meta()
+    assert (meta.sends, meta.unheld_transfer_ids) == ([], [minted])
+
+
+def test_layerwise_and_decode_requests_mint_no_transfer_id():
+    sched = ConnectorScheduler(BLOCK_SIZE, "x")
+    layerwise = _Request("p-1", [1, 2], kvp.prefill_params("m", layerwise_transfer_id="t" * 24))
+    sched.update_state_after_alloc(layerwise, _Blocks([5]), num_external_tokens=0)
+    sched.update_state_after_alloc(_decode_request(64), _Blocks([1, 2]), num_external_tokens=0)
+    assert sched.build_connector_meta().minted_transfer_ids == []

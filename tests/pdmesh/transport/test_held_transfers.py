@@ -49,17 +49,45 @@ def test_transfers_past_their_deadline_are_freed_and_counted():
         held.wait_for("old", timeout_s=0.01)
 
 
-def test_wait_for_sees_a_transfer_registered_later():
+def test_wait_for_sees_an_announced_transfer_registered_later():
     held = HeldTransfers()
+    held.announce(["late"])   # minted when its request was scheduled: the hold lags the handle by a step
     timer = threading.Timer(0.05, held.hold, args=(_held("late"),))
     timer.start()
     assert held.wait_for("late", timeout_s=5).block_ids == (4, 5)
     timer.join()
 
 
-def test_wait_for_unknown_transfer_times_out_with_not_found():
-    with pytest.raises(TransferNotFound, match="no KV held for transfer 'nope'"):
-        HeldTransfers().wait_for("nope", timeout_s=0.01)
+def test_wait_for_a_transfer_never_announced_fails_at_once():
+    """A made-up id (a guess, a peer probing the port) holds no KV-port thread while it waits."""
+    held = HeldTransfers()
+    held.announce(["other"])
+    started = time.monotonic()
+    with pytest.raises(TransferNotFound, match="no KV held for transfer 'nope', and none announced"):
+        held.wait_for("nope", timeout_s=30)
+    assert time.monotonic() - started < 0.5
+
+
+def test_an_announced_transfer_whose_request_ended_unheld_fails_a_waiting_read_at_once():
+    held = HeldTransfers()
+    held.announce(["t1"])
+    timer = threading.Timer(0.05, held.drop_announced, args=(["t1"],))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(TransferNotFound, match="transfer 't1' was abandoned before this read"):
+        held.wait_for("t1", timeout_s=30)
+    assert time.monotonic() - started < 5
+    timer.join()
+
+
+def test_announcements_are_forgotten_at_the_hold_or_after_their_ttl():
+    held = HeldTransfers(announced_ttl_s=10.0)
+    held.announce(["held", "forgotten"], now=0.0)
+    held.hold(_held("held"))
+    held.take_finished(now=11.0)
+    with pytest.raises(TransferNotFound, match="none announced"):
+        held.wait_for("forgotten", timeout_s=30)
+    assert held.wait_for("held", timeout_s=0).block_ids == (4, 5)
 
 
 def test_a_cancelled_request_frees_its_held_transfer():
@@ -98,6 +126,7 @@ def test_a_read_of_a_transfer_that_ended_fails_at_once_saying_how(end, how):
 
 def test_a_read_waiting_for_the_hold_ends_when_an_early_release_cancels_it():
     held = HeldTransfers()
+    held.announce(["t1"])
     held.release("t1")   # the consumer gave up before the engine registered the hold
     timer = threading.Timer(0.05, held.hold, args=(_held("t1"),))
     timer.start()
