@@ -31,7 +31,6 @@ before it listens). Sweeping is best effort: it never fails a worker."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
@@ -43,6 +42,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from pdmesh.transport.shm.segments import pid_namespace, process_alive
 
 logger = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
@@ -141,14 +142,14 @@ def _sweep_stores(temp_dir: Path) -> list[Path]:
 def _names_left_by_gone_owner(record: Path) -> list[str] | None:
     """The names a record lists, if its writer (of this user and PID namespace) is gone; else None."""
     pid = record.name.removeprefix(_RECORD_PREFIX)
-    if not pid.isdigit() or _alive(int(pid)) or not _own(record, stat.S_IFREG, float("inf")):
+    if not pid.isdigit() or process_alive(int(pid)) or not _own(record, stat.S_IFREG, float("inf")):
         return None
     try:
         with open(os.open(record, os.O_RDONLY | os.O_NOFOLLOW)) as file:
             header, *names = file.read().splitlines()
     except (OSError, ValueError):
         return None
-    return names if header == f"ns {_pid_namespace()}" else None
+    return names if header == f"ns {pid_namespace()}" else None
 
 
 def _append_record(record: Path, name: str) -> None:
@@ -157,7 +158,7 @@ def _append_record(record: Path, name: str) -> None:
             if os.fstat(file.fileno()).st_uid != os.getuid():
                 return
             if file.tell() == 0:
-                file.write(f"ns {_pid_namespace()}\n")
+                file.write(f"ns {pid_namespace()}\n")
             file.write(f"{name}\n")
     except OSError as exc:
         logger.warning("the engine's FileStore %s not recorded for cleanup (%s)", name, exc)
@@ -238,19 +239,3 @@ def _rmdir(path: Path) -> bool:
     except OSError:
         return False
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _pid_namespace() -> str:
-    with contextlib.suppress(OSError):
-        return os.readlink("/proc/self/ns/pid")
-    return "unknown"

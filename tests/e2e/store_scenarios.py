@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 
 from pdmesh.client import generate, make_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 

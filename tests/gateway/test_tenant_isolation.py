@@ -9,7 +9,6 @@ import hashlib
 import re
 
 import grpc
-import pytest
 
 from gateway.server import Gateway
 from pdmesh.client import generate, make_request

@@ -20,6 +20,7 @@ import pytest
 from pdmesh import engine_debris
 from pdmesh.cluster import LocalCluster, _Process
 from pdmesh.connector.worker_ext import PDMeshWorkerExtension
+from pdmesh.transport.shm.segments import pid_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = "vllm_dist_" + "ab" * 16
@@ -158,7 +159,7 @@ def test_the_filestores_of_gone_workers_are_removed(shm, temp):
     foreign = temp / "pdmesh-engine-stores-1"  # pid 1 lives; and another namespace's record
     other_namespace = temp / f"pdmesh-engine-stores-{_dead_pid()}"
     other_namespace.write_text(f"ns pid:[1]\n{unrecorded.name}\n")
-    foreign.write_text(f"ns {engine_debris._pid_namespace()}\n{unrecorded.name}\n")
+    foreign.write_text(f"ns {pid_namespace()}\n{unrecorded.name}\n")
     assert engine_debris.sweep(shm, temp=[temp], grace_s=0) == [gone]
     assert names(temp) == sorted([unrecorded.name, ours.name, f"pdmesh-engine-stores-{os.getpid()}",
                                   foreign.name, other_namespace.name])
@@ -167,7 +168,7 @@ def test_the_filestores_of_gone_workers_are_removed(shm, temp):
 def test_a_record_names_files_of_its_own_directory_only(shm, temp):
     outside = files(shm, **{STORE: b""})[STORE]
     record = temp / f"pdmesh-engine-stores-{_dead_pid()}"
-    record.write_text(f"ns {engine_debris._pid_namespace()}\n{outside}\n../{shm.name}/{STORE}\nnotes\n")
+    record.write_text(f"ns {pid_namespace()}\n{outside}\n../{shm.name}/{STORE}\nnotes\n")
     files(temp, notes=b"")
     assert engine_debris.sweep(shm, temp=[temp], grace_s=0) == []
     assert outside.exists() and names(temp) == ["notes"]

@@ -29,7 +29,7 @@ def record(paths: Iterable[Path | str]) -> None:
     try:
         with _lock, open(os.open(_own_list(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a") as file:
             if file.tell() == 0:
-                file.write(f"ns {_pid_namespace()}\n")
+                file.write(f"ns {pid_namespace()}\n")
             file.write(lines)
     except OSError as exc:
         logger.warning("shared-memory files not recorded for cleanup (%s)", exc)
@@ -41,12 +41,12 @@ def sweep(shm_dir: Path = SHM_DIR) -> int:
     for owner_list in shm_dir.glob(f"{_PREFIX}*"):
         pid = owner_list.name.removeprefix(_PREFIX)
         try:
-            if not pid.isdigit() or _alive(int(pid)) or owner_list.stat().st_uid != os.getuid():
+            if not pid.isdigit() or process_alive(int(pid)) or owner_list.stat().st_uid != os.getuid():
                 continue
             header, *paths = owner_list.read_text().splitlines()
         except (OSError, ValueError):
             continue
-        if header != f"ns {_pid_namespace()}":
+        if header != f"ns {pid_namespace()}":
             continue
         for path in paths:
             target = Path(path)
@@ -69,7 +69,8 @@ def _own_list() -> Path:
     return SHM_DIR / f"{_PREFIX}{os.getpid()}"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this PID namespace with this pid exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -79,7 +80,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _pid_namespace() -> str:
+def pid_namespace() -> str:
+    """This process's PID namespace (what a record of pids is valid in)."""
     try:
         return os.readlink("/proc/self/ns/pid")
     except OSError:

@@ -13,7 +13,7 @@ def _dead_pid() -> int:
 
 
 def test_the_files_of_a_process_that_died_are_removed_and_nothing_else(tmp_path, monkeypatch):
-    namespace = f"ns {segments._pid_namespace()}"
+    namespace = f"ns {segments.pid_namespace()}"
     dead, other_namespace, alive = _dead_pid(), _dead_pid(), 1  # pid 1 lives
     files = {name: tmp_path / name for name in ("kv-dead", "kv-other", "kv-alive", "unrelated")}
     for path in files.values():
@@ -31,7 +31,7 @@ def test_a_process_records_what_it_shares_under_its_own_pid(tmp_path, monkeypatc
     segments.record([tmp_path / "a", tmp_path / "b"])
     segments.record([tmp_path / "c"])
     lines = (tmp_path / f"pdmesh-owned-{__import__('os').getpid()}").read_text().splitlines()
-    assert lines == [f"ns {segments._pid_namespace()}", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")]
+    assert lines == [f"ns {segments.pid_namespace()}", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")]
 
 
 def test_lists_and_files_of_another_user_are_left_alone(tmp_path):
@@ -41,7 +41,7 @@ def test_lists_and_files_of_another_user_are_left_alone(tmp_path):
 
     if os.getuid() != 0:
         pytest.skip("needs root to hand files to another user")
-    namespace = f"ns {segments._pid_namespace()}"
+    namespace = f"ns {segments.pid_namespace()}"
     theirs, ours = _dead_pid(), _dead_pid()
     files = {name: tmp_path / name for name in ("kv-theirs", "kv-foreign-in-ours", "kv-ours")}
     for path in files.values():
