@@ -1,4 +1,5 @@
-"""Process logging: plain text, or one JSON object a line carrying request id and trace id."""
+"""Process logging: plain text, or one JSON object a line carrying the request ids (the mesh's and the
+client's own) and the trace id."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 from opentelemetry import baggage, trace
 
-from pdmesh.telemetry.tracing import REQUEST_ID_KEY
+from pdmesh.telemetry.tracing import CLIENT_REQUEST_ID_KEY, REQUEST_ID_KEY
 
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -22,6 +23,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
             "request_id": baggage.get_baggage(REQUEST_ID_KEY) or None,
+            "client_request_id": baggage.get_baggage(CLIENT_REQUEST_ID_KEY) or None,
             "trace_id": format(span_context.trace_id, "032x") if span_context.is_valid else None,
             "span_id": format(span_context.span_id, "016x") if span_context.is_valid else None,
         }

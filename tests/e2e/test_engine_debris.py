@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pdmesh.cluster import LocalCluster
+from pdmesh.transport.shm.segments import process_alive
 
 pytestmark = pytest.mark.vllm
 
@@ -33,6 +34,7 @@ VICTIMS = ("prefill-0", "decode-0")
 SHM_KINDS = re.compile(r"psm_.*|sem\.mp-.*|torch_.*|vllm_dist_.*")
 TEMP_KINDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|torch-shm-dir-.*|vllm_dist_.*"
                         r"|pdmesh-engine-stores-.*")
+RECORD_PREFIX = "pdmesh-engine-stores-"
 FILESTORE = re.compile(r"vllm_dist_[0-9a-f]{32}")   # opened per operation: no process holds a live one
 
 
@@ -76,7 +78,14 @@ def sigkill(cluster: LocalCluster, name: str, temp: Path) -> set[Path]:
     cluster.signal(name, signal.SIGKILL)
     assert wait_until(lambda: not cluster.is_running(name))
     time.sleep(1.0)   # the group's other processes die with it
-    return {p for p in unheld(debris(SHM, SHM_KINDS) | debris(temp, TEMP_KINDS)) if not FILESTORE.fullmatch(p.name)}
+    left = unheld(debris(SHM, SHM_KINDS) | debris(temp, TEMP_KINDS))
+    return {p for p in left if not FILESTORE.fullmatch(p.name) and not _live_workers_record(p)}
+
+
+def _live_workers_record(path: Path) -> bool:
+    """A live worker's record of its FileStores (not debris: it is removed once that worker is gone)."""
+    pid = path.name.removeprefix(RECORD_PREFIX)
+    return path.name.startswith(RECORD_PREFIX) and pid.isdigit() and process_alive(int(pid))
 
 
 def debris(directory: Path, kinds: re.Pattern) -> set[Path]:

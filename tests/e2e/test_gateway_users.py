@@ -25,6 +25,7 @@ from pdmesh.config import RegistrySettings, TlsSettings
 from pdmesh.registry import RegistryWatcher
 from pdmesh.tls import open_channel
 from pdmesh.v1 import generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.conftest import MESH_TOKEN
 from tests.e2e.conftest import (FAILOVER_PROMPT, FAILOVER_SAMPLING, HOLD_TIMEOUT_S, MAX_TOKENS, USER_CHATS,
                                 USER_TEXT_PROMPTS, in_process_gateway, mesh_channel, settled_stats, worker_stats)
 from tests.redis_server import RedisServer
@@ -210,7 +211,7 @@ async def test_every_internal_service_refuses_callers_without_the_mesh_credentia
 
 
 async def test_every_worker_is_in_the_registry_with_its_capacity(users_cluster, redis):
-    watcher = RegistryWatcher(RegistrySettings(redis_url=redis.url, redis_password=redis.password))
+    watcher = RegistryWatcher(RegistrySettings(redis_url=redis.url, redis_password=redis.password), MESH_TOKEN)
     await watcher.start()
     try:
         records = {r.address: r for r in watcher.snapshot()}
@@ -239,7 +240,7 @@ async def test_one_tenant_never_hits_another_tenants_prefix(users_cluster, gatew
 
 async def test_prefix_aware_routing_sends_a_request_to_the_worker_holding_its_prefix(
         users_cluster, tiny_llama_dir, redis, gateway_tls):
-    index = PrefixIndex(redis.url, redis.password)
+    index = PrefixIndex(redis.url, redis.password, mesh_token=MESH_TOKEN)
     try:
         for holder in (1, 0):   # cache a prefix on B, another on A; each request must follow its prefix
             address = users_cluster.prefill_addresses[holder]
@@ -415,9 +416,10 @@ async def _indexed(index: PrefixIndex, cluster, tls: TlsSettings, prompt: list[i
 async def _left_registry(redis: RedisServer, dead: str, alive: str, tls: TlsSettings) -> None:
     """A killed worker stops heartbeating: its record expires within the TTL (3 s) plus a poll, and
     a registry-fed pool (the gateway's) stops offering it."""
-    watcher = RegistryWatcher(RegistrySettings(redis_url=redis.url, redis_password=redis.password, poll_s=0.2))
+    watcher = RegistryWatcher(RegistrySettings(redis_url=redis.url, redis_password=redis.password, poll_s=0.2),
+                              MESH_TOKEN)
     await watcher.start()
-    pool = WorkerPool([], [], tls, registry=watcher)
+    pool = WorkerPool([], [], tls, registry=watcher, mesh_token=MESH_TOKEN)
     try:
         async def gone():
             return dead not in watcher.workers

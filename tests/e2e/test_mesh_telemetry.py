@@ -125,7 +125,8 @@ def test_logs_are_json_lines_with_request_and_trace_ids(cluster, process, logger
     """Runs after the traced request above (same module, file order)."""
     lines = (cluster.run_dir / f"{process}.log").read_text().splitlines()
     entries = [json.loads(line) for line in lines if line.startswith("{")]
-    traced = [e for e in entries if e["request_id"] == "traced-request-1" and e["logger"] == logger]
+    traced = [e for e in entries if e["client_request_id"] == "traced-request-1" and e["logger"] == logger]
     assert len(traced) == 1, entries[-5:]
+    assert traced[0]["request_id"].startswith("traced-request-1-")   # the gateway's, which the workers act on
     assert traced[0]["trace_id"] == CLIENT_TRACE_ID
     assert set(traced[0]) >= {"ts", "level", "message", "span_id"}
