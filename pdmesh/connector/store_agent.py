@@ -155,8 +155,9 @@ class StoreAgent:
             logger.info("request %s: KV store load cut at its %.3f s budget after %d of %d blocks; computing the rest",
                         task.request_id, budget_s, stats.num_blocks, len(planned))
         except Exception as exc:  # noqa: BLE001 - a failed load becomes recompute, never a crash
-            logger.warning("request %s: KV store load stopped after %d of %d blocks (%s); computing the rest",
-                           task.request_id, stats.num_blocks, len(planned), exc)
+            logger.warning("request %s: KV store load stopped after %d of %d blocks and %.3f s (%s: %s); "
+                           "computing the rest", task.request_id, stats.num_blocks, len(planned),
+                           time.perf_counter() - started, type(exc).__name__, exc)
         stats.num_failed_blocks = len(planned) - stats.num_blocks
         stats.seconds = time.perf_counter() - started
         self._record(stats)

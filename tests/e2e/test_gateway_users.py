@@ -318,6 +318,7 @@ async def test_decode_killed_mid_stream_continues_on_another_without_recomputing
     first_decode, other_decode = sorted(users_cluster.decode_addresses)  # round robin starts with the first
     async with in_process_gateway(users_cluster, tiny_llama_dir, worker_tls=gateway_tls,
                                   route_policy="round_robin") as address:
+        await _connect_second_prefill_to_first(users_cluster, address, gateway_tls)
         token_ids, killed_after = [], None
         async for response in _stream(address, make_request(FAILOVER_PROMPT, **FAILOVER_SAMPLING)):
             token_ids += response.token_ids
@@ -364,6 +365,18 @@ async def _stream(address: str, request):
     async with grpc.aio.insecure_channel(address) as channel:
         async for response in generate_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120):
             yield response
+
+
+async def _connect_second_prefill_to_first(cluster: LocalCluster, address: str, tls: TlsSettings) -> None:
+    """Two requests of one prompt through a fresh round-robin gateway: the second prefill loads the
+    prompt from the first's store, so the retry after a crash (the next two requests go the same two
+    ways) finds its link to that store made. Once in CI, the retry's first connection between two
+    engines spinning on one core outlasted the 10 s fetch deadline, and it recomputed the prompt."""
+    prompt = _random_prompt("connect-prefills", 3 * BLOCK_SIZE + 1)
+    for _ in range(2):
+        async for _ in _stream(address, make_request(prompt, max_tokens=2)):
+            pass
+        await _all_saved(cluster, tls)
 
 
 def _kill(cluster: LocalCluster, address: str) -> None:

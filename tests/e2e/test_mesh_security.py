@@ -115,6 +115,7 @@ async def test_a_strangers_decode_never_makes_decode_dial_the_address_it_names(c
 
 # Issue 30, item 6: a mesh peer pulling made-up transfer ids from a prefill's KV port.
 NUM_KV_ATTACKERS = 40
+SLACK_S = 0.5
 
 
 def _unseen_prompt() -> str:
@@ -133,23 +134,33 @@ async def _ttft_s(gateway_address: str) -> float:
     return first_token_s
 
 
-async def _median_ttft_s(gateway_address: str, times: int = 3) -> float:
+async def _median_ttft_s(gateway_address: str, times: int = 5) -> float:
     return statistics.median([await _ttft_s(gateway_address) for _ in range(times)])
 
 
 async def test_pulls_of_random_ids_do_not_starve_a_real_request(cluster):
     """Before: 40 peers' pulls of made-up ids each held one of the prefill KV port's 32 threads for 10 s
-    (the wait for a hold), so decode's Open/Pull of a real request queued behind them. Now an id the
-    producer never minted is answered NOT_FOUND at once, and the port's calls have budgets."""
+    (the wait for a hold), so decode's Open/Pull of a real request queued behind them (TTFT 9.8 s). Now
+    an id the producer never minted is answered NOT_FOUND at once, and the port's calls have budgets.
+    The control is the same 40 callers at the same rate sending health checks: on two cores their CPU
+    alone can move a 0.1 s TTFT by more than half, which is not starvation; SLACK_S is what a 2-core
+    machine's noise moves a 5-request median (0.1-0.9 s seen with a busy neighbour), far below the 10 s
+    of a starved port."""
     compat, _ = peer_compats(cluster.prefill_addresses[0])
     await _ttft_s(cluster.gateway_address)  # warm: channels open, handshakes done
-    idle_s = await _median_ttft_s(cluster.gateway_address)
-    attackers = await asyncio.to_thread(KVPortAttackers, cluster.prefill_addresses_kv[0], "pull", compat,
-                                        cluster.mesh_token, threads=NUM_KV_ATTACKERS, seconds=60.0, max_calls=200,
-                                        pause_s=0.1)
+    control_s = await _median_ttft_under(cluster, "health", compat)
+    loaded_s = await _median_ttft_under(cluster, "pull", compat)
+    assert loaded_s <= 1.5 * control_s + SLACK_S, (
+        f"TTFT under {NUM_KV_ATTACKERS} health checkers {control_s:.3f} s, under as many pullers {loaded_s:.3f} s")
+
+
+async def _median_ttft_under(cluster, mode: str, compat: common_pb2.CompatInfo) -> float:
+    """The median TTFT while NUM_KV_ATTACKERS threads of another process call the prefill's KV port."""
+    attackers = await asyncio.to_thread(KVPortAttackers, cluster.prefill_addresses_kv[0], mode, compat,
+                                        cluster.mesh_token, threads=NUM_KV_ATTACKERS, seconds=60.0, max_calls=60,
+                                        pause_s=1.0)
     try:
-        await asyncio.sleep(0.5)  # every attacker has a pull in flight
-        loaded_s = await _median_ttft_s(cluster.gateway_address)
+        await asyncio.sleep(0.5)  # every caller has a call in flight
+        return await _median_ttft_s(cluster.gateway_address)
     finally:
         attackers.stop()
-    assert loaded_s <= 1.5 * idle_s + 0.2, f"TTFT idle {idle_s:.3f} s, with {NUM_KV_ATTACKERS} pullers {loaded_s:.3f} s"

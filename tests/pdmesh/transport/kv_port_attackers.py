@@ -2,7 +2,9 @@
 from many threads, each repeating its call (bounded in count and time). It runs as a process of its
 own (`python -m tests.pdmesh.transport.kv_port_attackers ADDRESS MODE ...`), as an attacker does: its
 threads do not share the measuring test's interpreter lock. It prints "started" once its threads run,
-then, as JSON, what its calls raised; KVPortAttackers starts it from a test."""
+then, as JSON, what its calls raised; KVPortAttackers starts it from a test. Mode "health" is the
+control: the same threads and call rate, each call a health check the port answers at once, so a test
+can tell a port starved by the reads from one merely sharing its cores with the callers."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import sys
 import threading
 import time
 from collections import Counter
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.mesh_auth import MeshAuth
@@ -47,9 +52,11 @@ class KVPortAttackers:
             self._process.communicate()
 
 
-def _attack(receiver: GrpcKVReceiver, address: str, mode: str) -> None:
+def _attack(receiver: GrpcKVReceiver, health: health_pb2_grpc.HealthStub, address: str, mode: str) -> None:
     transfer_id = secrets.token_urlsafe(18)
-    if mode == "pull":
+    if mode == "health":
+        health.Check(health_pb2.HealthCheckRequest(), timeout=30)
+    elif mode == "pull":
         list(receiver.pull(address, transfer_id, [0, 1], verify=False))
     else:
         receiver.watch(address, transfer_id, 0, WATCH_WAIT_S)
@@ -58,7 +65,7 @@ def _attack(receiver: GrpcKVReceiver, address: str, mode: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("address")
-    parser.add_argument("mode", choices=["pull", "watch"])
+    parser.add_argument("mode", choices=["pull", "watch", "health"])
     parser.add_argument("--compat_hex", required=True)  # the producer's CompatInfo (a peer reads it from WorkerInfo)
     parser.add_argument("--mesh_token", default="")
     parser.add_argument("--threads", type=int, default=40)
@@ -68,6 +75,8 @@ def main() -> None:
     args = parser.parse_args()
     compat = common_pb2.CompatInfo.FromString(bytes.fromhex(args.compat_hex))
     receiver = GrpcKVReceiver(compat, timeout_s=30, auth=MeshAuth(args.mesh_token or None))
+    channel = grpc.insecure_channel(args.address)
+    health = health_pb2_grpc.HealthStub(channel)
     raised: Counter[str] = Counter()
     calls = [0]
     lock = threading.Lock()
@@ -80,7 +89,7 @@ def main() -> None:
             with lock:
                 calls[0] += 1
             try:
-                _attack(receiver, args.address, args.mode)
+                _attack(receiver, health, args.address, args.mode)
             except Exception as exc:  # noqa: BLE001 - counted for the test
                 with lock:
                     raised[type(exc).__name__] += 1
@@ -93,6 +102,7 @@ def main() -> None:
     for thread in threads:
         thread.join()
     receiver.close()
+    channel.close()
     print(json.dumps({"calls": calls[0], "raised": dict(raised)}), flush=True)
 
 
