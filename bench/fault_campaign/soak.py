@@ -6,6 +6,7 @@ pinned blocks, Redis keys; and no request may be lost."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -14,6 +15,7 @@ from bench.fault_campaign.mesh import FaultMesh
 from bench.fault_campaign.outcomes import (Outcome, RequestResult, cross_tenant_hits, longest_silence, not_completed,
                                            tally)
 from bench.fault_campaign.resources import Sample, take_sample
+from bench.fault_campaign.stall_dumps import dump_stalls
 
 MEMORY_TOLERANCE = 0.05    # a process's PSS may end this much above the checkpoint after warm-up
 FD_SLACK = 4               # descriptors a process may hold beyond it (sockets being redialled)
@@ -103,6 +105,8 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
     result = SoakResult(seconds, num_streams)
     started = time.monotonic()
     async with mesh.stream_load(workload, num_streams) as load:
+        dumps = asyncio.create_task(dump_stalls(load, lambda: {**mesh.cluster.pids(), "soak": os.getpid()},
+                                                mesh.cluster.run_dir / "stalls"))
         await asyncio.sleep(warmup_s)
         await load.pause()
         result.start, _ = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
@@ -112,6 +116,7 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
             await asyncio.sleep(min(sample_every_s, max(0.0, until - time.monotonic())))
             result.samples.append(await asyncio.to_thread(take_sample, mesh, started, len(load.results)))
         await load.pause()   # the load stops with the requests in flight ended
+        dumps.cancel()
     result.end, result.leaks = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
     result.requests = len(load.results)
     result.outcomes = tally(load.results)

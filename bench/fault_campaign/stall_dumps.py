@@ -1,0 +1,61 @@
+"""Stacks of every mesh process while the mesh stalls: once requests have been in flight for
+`stall_s` with none ending, `py-spy dump` of each worker's and the gateway's process (its engine
+and other children included) goes to a folder named by the wall-clock time, once per stall. What a
+stall's cause is then reads from the stacks, not from guesses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+MAX_STALLS_DUMPED = 5
+
+
+async def dump_stalls(load, pids, out_dir: Path, stall_s: float = 5.0) -> None:
+    """Runs until cancelled. `load` has `in_flight` and `results` (each with `ended_s`); `pids()` maps
+    a process name to its pid."""
+    py_spy = find_py_spy()
+    if py_spy is None:
+        logger.warning("py-spy not found: stalls are measured but not dumped")
+        return
+    last_end, num_dumped, dumped_this = time.monotonic(), 0, False
+    while num_dumped < MAX_STALLS_DUMPED:
+        await asyncio.sleep(POLL_S)
+        if load.results and load.results[-1].ended_s > last_end:
+            last_end, dumped_this = load.results[-1].ended_s, False
+        if not load.in_flight:
+            last_end, dumped_this = time.monotonic(), False
+        elif not dumped_this and time.monotonic() - last_end > stall_s:
+            dumped_this, num_dumped = True, num_dumped + 1
+            folder = out_dir / time.strftime("stall-%H%M%S")
+            await _dump_all(py_spy, pids(), folder)
+            logger.warning("stall: %d requests in flight, none ended for %.1f s; stacks in %s",
+                           load.in_flight, time.monotonic() - last_end, folder)
+
+
+def find_py_spy() -> str | None:
+    """py-spy on the PATH or beside this interpreter (a virtual environment's bin/)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+
+
+async def _dump_all(py_spy: str, pids: dict[str, int], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    await asyncio.gather(*(_dump(py_spy, pid, folder / f"{name}.txt") for name, pid in pids.items()))
+
+
+async def _dump(py_spy: str, pid: int, path: Path) -> None:
+    with path.open("w") as out:
+        process = await asyncio.create_subprocess_exec(py_spy, "dump", "--subprocesses", "--pid", str(pid),
+                                                       stdout=out, stderr=asyncio.subprocess.STDOUT)
+        try:
+            await asyncio.wait_for(process.wait(), timeout=30)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()

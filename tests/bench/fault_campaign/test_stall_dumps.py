@@ -1,0 +1,53 @@
+"""dump_stalls against a real process: py-spy's stacks of it land once per stall, none while requests end."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from bench.fault_campaign import stall_dumps
+from bench.fault_campaign.stall_dumps import dump_stalls
+
+pytestmark = pytest.mark.skipif(stall_dumps.find_py_spy() is None, reason="py-spy not installed")
+
+
+@dataclass
+class Ended:
+    ended_s: float
+
+
+@dataclass
+class FakeLoad:
+    in_flight: int = 0
+    results: list[Ended] = field(default_factory=list)
+
+
+@pytest.fixture
+def sleeper():
+    process = subprocess.Popen([sys.executable, "-c", "import time\ndef waiting_here():\n    time.sleep(60)\n"
+                                                      "waiting_here()"])
+    time.sleep(0.5)
+    yield process
+    process.kill()
+    process.wait()
+
+
+async def test_a_stall_dumps_every_process_once_and_a_busy_mesh_none(tmp_path, sleeper, monkeypatch):
+    monkeypatch.setattr(stall_dumps, "POLL_S", 0.05)
+    load = FakeLoad(in_flight=3)
+    task = asyncio.create_task(dump_stalls(load, lambda: {"worker": sleeper.pid}, tmp_path, stall_s=0.5))
+    for _ in range(10):  # requests ending every 0.1 s: no stall
+        await asyncio.sleep(0.1)
+        load.results.append(Ended(time.monotonic()))
+    assert list(tmp_path.iterdir()) == []
+    await asyncio.sleep(3.0)  # none ends: one stall, dumped once
+    task.cancel()
+    (folder,) = tmp_path.iterdir()
+    assert folder.name.startswith("stall-")
+    assert [p.name for p in folder.iterdir()] == ["worker.txt"]
+    assert "waiting_here" in (folder / "worker.txt").read_text()
