@@ -105,12 +105,12 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
     result = SoakResult(seconds, num_streams)
     started = time.monotonic()
     async with mesh.stream_load(workload, num_streams) as load:
-        dumps = asyncio.create_task(dump_stalls(load, lambda: {**mesh.cluster.pids(), "soak": os.getpid()},
-                                                mesh.cluster.run_dir / "stalls"))
         await asyncio.sleep(warmup_s)
         await load.pause()
         result.start, _ = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
         load.resume()
+        dumps = asyncio.create_task(dump_stalls(load, lambda: {**mesh.cluster.pids(), "soak": os.getpid()},
+                                                mesh.cluster.run_dir / "stalls"))
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             await asyncio.sleep(min(sample_every_s, max(0.0, until - time.monotonic())))

@@ -1,7 +1,9 @@
 """Stacks of every mesh process while the mesh stalls: once requests have been in flight for
-`stall_s` with none ending, `py-spy dump` of each worker's and the gateway's process (its engine
-and other children included) goes to a folder named by the wall-clock time, once per stall. What a
-stall's cause is then reads from the stacks, not from guesses."""
+`stall_s` with none ending, `py-spy dump --nonblocking` of each worker's and the gateway's process
+(its engine and other children included; not paused, so the dump does not lengthen the stall it
+measures) and a `ps` of every process (which core each ran on last, its state) go to a folder named
+by the wall-clock time, once per stall. What a stall's cause is then reads from the stacks, not
+from guesses."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
-MAX_STALLS_DUMPED = 5
+MAX_STALLS_DUMPED = 10
 
 
 async def dump_stalls(load, pids, out_dir: Path, stall_s: float = 5.0) -> None:
@@ -47,13 +49,14 @@ def find_py_spy() -> str | None:
 
 async def _dump_all(py_spy: str, pids: dict[str, int], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    await asyncio.gather(*(_dump(py_spy, pid, folder / f"{name}.txt") for name, pid in pids.items()))
+    await asyncio.gather(_run(["ps", "-eo", "pid,ppid,psr,pcpu,stat,wchan:24,etime,args"], folder / "ps.txt"),
+                         *(_run([py_spy, "dump", "--nonblocking", "--subprocesses", "--pid", str(pid)],
+                                folder / f"{name}.txt") for name, pid in pids.items()))
 
 
-async def _dump(py_spy: str, pid: int, path: Path) -> None:
+async def _run(command: list[str], path: Path) -> None:
     with path.open("w") as out:
-        process = await asyncio.create_subprocess_exec(py_spy, "dump", "--subprocesses", "--pid", str(pid),
-                                                       stdout=out, stderr=asyncio.subprocess.STDOUT)
+        process = await asyncio.create_subprocess_exec(*command, stdout=out, stderr=asyncio.subprocess.STDOUT)
         try:
             await asyncio.wait_for(process.wait(), timeout=30)
         except asyncio.TimeoutError:

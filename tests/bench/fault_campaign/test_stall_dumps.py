@@ -49,5 +49,6 @@ async def test_a_stall_dumps_every_process_once_and_a_busy_mesh_none(tmp_path, s
     task.cancel()
     (folder,) = tmp_path.iterdir()
     assert folder.name.startswith("stall-")
-    assert [p.name for p in folder.iterdir()] == ["worker.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["ps.txt", "worker.txt"]
+    assert str(sleeper.pid) in (folder / "ps.txt").read_text()
     assert "waiting_here" in (folder / "worker.txt").read_text()
