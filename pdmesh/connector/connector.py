@@ -61,7 +61,7 @@ class PDMeshConnector(KVConnectorBase_V1):
             local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
             auth = KVTransportSettings(**(extra.get("transport") or {})).auth
             lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s,
-                                                   auth))
+                                                   auth), max_wait_s=store.lookup_timeout_s)
                       if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
             self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{advertise_port}", lookup,
                                                  tp_size=tp_size)

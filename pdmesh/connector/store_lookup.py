@@ -2,13 +2,18 @@
 its KVStore service) how much of a prompt is cached, locally or on other nodes.
 
 The engine's scheduler never waits for that answer: `AsyncStoreLookup.poll` starts the lookup on a
-thread and answers None ("not yet": vLLM asks again at its next step) until it is in.
+thread and answers None ("not yet": vLLM asks again at its next step) until it is in, or until the
+request has waited `max_wait_s` since its lookup was asked for: then it is a miss and the prompt is
+computed. Lookups queue on a few threads; when the store answers slowly (its Redis or its worker
+starved of CPU), a burst of requests would otherwise wait one lookup timeout per place in the queue
+(the soak of 2026-12-06 logged 14 timeouts of 1 s in a row, the engine idle meanwhile).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from kvstore.client import GrpcStoreClient
@@ -51,28 +56,41 @@ class StoreLookup:
 class AsyncStoreLookup:
     """Lookups on a small thread pool, one per request, polled by the scheduler each step."""
 
-    def __init__(self, lookup: StoreLookup, max_workers: int = 2) -> None:
+    def __init__(self, lookup: StoreLookup, max_workers: int = 2, max_wait_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._lookup = lookup
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="pdmesh-kv-lookup")
-        self._pending: dict[str, Future] = {}
+        self._pending: dict[str, tuple[Future, float]] = {}   # request id: (its lookup, when asked for)
+        self._max_wait_s = max_wait_s
+        self._clock = clock
+        self.num_given_up = 0   # lookups not answered within max_wait_s: those prompts were computed
 
     def poll(self, request_id: str, prompt_token_ids: Sequence[int], extra_key: bytes) -> list[str] | None:
-        """The nodes of the cached prefix once known (then forgotten here); None while the lookup runs."""
-        future = self._pending.get(request_id)
-        if future is None:
-            self._pending[request_id] = self._pool.submit(self._lookup.nodes_of_cached_prefix,
-                                                          list(prompt_token_ids), extra_key)
+        """The nodes of the cached prefix once known (then forgotten here); None while the lookup runs;
+        [] (a miss) once the request has waited max_wait_s."""
+        pending = self._pending.get(request_id)
+        if pending is None:
+            future = self._pool.submit(self._lookup.nodes_of_cached_prefix, list(prompt_token_ids), extra_key)
+            self._pending[request_id] = (future, self._clock())
             return None
+        future, asked_at = pending
         if not future.done():
-            return None
+            if self._clock() - asked_at < self._max_wait_s:
+                return None
+            future.cancel()   # still queued: it never runs; running: its answer is dropped
+            self.num_given_up += 1
+            logger.info("request %s: no KV store answer in %.1f s; computing the prompt", request_id,
+                        self._max_wait_s)
+            del self._pending[request_id]
+            return []
         del self._pending[request_id]
         return future.result()  # nodes_of_cached_prefix turns every failure into a miss ([])
 
     def forget(self, request_id: str) -> None:
         """The request left before its answer was used (aborted, finished)."""
-        future = self._pending.pop(request_id, None)
-        if future is not None:
-            future.cancel()
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending[0].cancel()
 
     @property
     def num_pending(self) -> int:
