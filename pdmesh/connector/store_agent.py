@@ -22,6 +22,7 @@ from kvstore.block_key import BlockKey, block_keys, keys_of
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.disk_tier import DiskTier
+from kvstore.index_publisher import BackgroundPublisher
 from kvstore.redis_index import RedisBlockIndex
 from kvstore.rotting_tier import RottingTier
 from kvstore.service import SERVICE_NAME, KVStoreServicer
@@ -93,6 +94,7 @@ class StoreAgent:
         self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s, auth=auth)
         self._fetch_timeout_s = settings.fetch_timeout_s
         self._links: KVLinks | None = None  # to other nodes' store exports (connect)
+        self._publisher: BackgroundPublisher | None = None  # the index's updates, once attached
         self._lock = threading.Lock()
         self._buffers = threading.local()
         self._totals: Counter[str] = Counter()
@@ -110,7 +112,8 @@ class StoreAgent:
         if self.index is None:
             return
         self.index.node = node_address
-        self.store.set_listener(self.index)
+        self._publisher = BackgroundPublisher(self.index)
+        self.store.set_listener(self._publisher)   # no store change waits for Redis
         self.store.announce_all()
 
     # ---- save ----
@@ -278,7 +281,8 @@ class StoreAgent:
             "kv_store_failed_blocks": totals.get("failed_blocks", 0),
             "kv_store_pinned_blocks": self.store.num_pinned,
             "kv_store_dropped_blocks": self.store.num_dropped,
-            "kv_store_index_errors": self.index.num_errors if self.index else 0,
+            "kv_store_index_errors": (self.index.num_errors if self.index else 0) + (
+                self._publisher.num_dropped if self._publisher else 0),
             "kv_store_loads_cut": totals.get("loads_cut", 0),
         }
 
@@ -287,5 +291,16 @@ class StoreAgent:
         if self._links is not None:
             self._links.close()
         self.exports.close()
+        if self._publisher is not None:
+            self._publisher.close()
         if self.index is not None:
             self.index.close()
+
+    def flush_index(self, timeout_s: float) -> bool:
+        """Waits until the store's changes so far are sent to the index; False on timeout."""
+        return self._publisher.flush(timeout_s) if self._publisher else True
+
+    @property
+    def num_index_pending(self) -> int:
+        """Store changes not yet sent to the index (a save has ended once its blocks are there)."""
+        return self._publisher.num_pending if self._publisher else 0

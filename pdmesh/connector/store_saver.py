@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -59,13 +60,16 @@ class StoreSaver:
         return True
 
     def flush(self, timeout_s: float) -> bool:
-        """Waits until every queued save is done (tests, shutdown); False on timeout."""
+        """Waits until every queued save is done and in the index (tests, shutdown); False on timeout."""
+        deadline = time.monotonic() + timeout_s
         with self._cond:
-            return self._cond.wait_for(lambda: self._num_pending == 0, timeout=timeout_s)
+            if not self._cond.wait_for(lambda: self._num_pending == 0, timeout=timeout_s):
+                return False
+        return self._store.flush_index(max(0.0, deadline - time.monotonic()))
 
     @property
     def num_pending(self) -> int:
-        """Saves queued, copying out or writing (the Redis index is published when one ends)."""
+        """Saves queued, copying out or writing (their index entries are sent after: StoreAgent)."""
         with self._cond:
             return self._num_pending
 
