@@ -89,6 +89,7 @@ class StoreAgent:
                                               ttl_s=settings.index_ttl_s, mesh_token=auth.token if auth else None)
                       if settings.redis_url else None)
         self.store = TieredBlockStore(tiers, compat.block_nbytes)
+        self._capacity_blocks = sum(tier.capacity_blocks for tier in tiers)
         self.exports = StoreExports(self.store, pieces, settings.export_bytes, hold_s=2 * settings.fetch_timeout_s)
         self.servicer = KVStoreServicer(compat, self.store, self.index, self.exports)
         self._client = GrpcStoreClient(compat, timeout_s=settings.fetch_timeout_s, auth=auth)
@@ -112,7 +113,8 @@ class StoreAgent:
         if self.index is None:
             return
         self.index.node = node_address
-        self._publisher = BackgroundPublisher(self.index)
+        # room for the announcement of every block the tiers can hold, twice over
+        self._publisher = BackgroundPublisher(self.index, max_backlog=max(65536, 2 * self._capacity_blocks))
         self.store.set_listener(self._publisher)   # no store change waits for Redis
         self.store.announce_all()
 
@@ -281,8 +283,8 @@ class StoreAgent:
             "kv_store_failed_blocks": totals.get("failed_blocks", 0),
             "kv_store_pinned_blocks": self.store.num_pinned,
             "kv_store_dropped_blocks": self.store.num_dropped,
-            "kv_store_index_errors": (self.index.num_errors if self.index else 0) + (
-                self._publisher.num_dropped if self._publisher else 0),
+            "kv_store_index_errors": self.index.num_errors if self.index else 0,
+            "kv_store_index_dropped_events": self._publisher.num_dropped if self._publisher else 0,
             "kv_store_loads_cut": totals.get("loads_cut", 0),
         }
 
@@ -296,11 +298,10 @@ class StoreAgent:
         if self.index is not None:
             self.index.close()
 
-    def flush_index(self, timeout_s: float) -> bool:
-        """Waits until the store's changes so far are sent to the index; False on timeout."""
-        return self._publisher.flush(timeout_s) if self._publisher else True
+    def index_mark(self) -> int:
+        """The number of the store's latest change queued for the index (for wait_index)."""
+        return self._publisher.num_queued if self._publisher else 0
 
-    @property
-    def num_index_pending(self) -> int:
-        """Store changes not yet sent to the index (a save has ended once its blocks are there)."""
-        return self._publisher.num_pending if self._publisher else 0
+    def wait_index(self, mark: int, timeout_s: float) -> bool:
+        """Waits until the store's changes up to `mark` were sent to the index; False on timeout."""
+        return self._publisher.wait_sent(mark, timeout_s) if self._publisher else True

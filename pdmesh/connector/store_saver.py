@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -27,6 +26,7 @@ from pdmesh.transport.affinity import widen_affinity
 from pdmesh.transport.held_transfers import HeldTransfers
 
 logger = logging.getLogger(__name__)
+INDEX_WAIT_S = 5.0   # a save waits this long at most for its index entries (Redis slow or down)
 
 
 class StoreSaver:
@@ -60,16 +60,13 @@ class StoreSaver:
         return True
 
     def flush(self, timeout_s: float) -> bool:
-        """Waits until every queued save is done and in the index (tests, shutdown); False on timeout."""
-        deadline = time.monotonic() + timeout_s
+        """Waits until every queued save is done (tests, shutdown); False on timeout."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._num_pending == 0, timeout=timeout_s):
-                return False
-        return self._store.flush_index(max(0.0, deadline - time.monotonic()))
+            return self._cond.wait_for(lambda: self._num_pending == 0, timeout=timeout_s)
 
     @property
     def num_pending(self) -> int:
-        """Saves queued, copying out or writing (their index entries are sent after: StoreAgent)."""
+        """Saves queued, copying out, writing or waiting for their index entries to be sent."""
         with self._cond:
             return self._num_pending
 
@@ -95,6 +92,9 @@ class StoreSaver:
             with tracer().start_as_current_span("kvstore.save") as span:
                 num_saved = self._store.put_rows(keys, rows)
                 self._store.touch_prompt(send)
+                # a save ends once its blocks are in the index (this thread waits, no request does)
+                if not self._store.wait_index(self._store.index_mark(), INDEX_WAIT_S):
+                    logger.info("transfer %s: saved, its index entries still queued", send.transfer_id)
                 span.set_attributes({"pdmesh.kvstore.blocks_saved": num_saved,
                                      "pdmesh.kvstore.bytes_saved": num_saved * self._paged.block_nbytes})
         except Exception:  # noqa: BLE001 - a failed save loses a cache entry, never the request

@@ -346,7 +346,7 @@ class ConnectorWorker:
         saver = self.saver
         return (self.store.counters() if self.store else {}) | ({
             "kv_store_saves_skipped": saver.num_skipped, "kv_store_blocks_skipped": saver.num_skipped_blocks,
-            "kv_store_saves_pending": saver.num_pending + self.store.num_index_pending,  # ended: in the index
+            "kv_store_saves_pending": saver.num_pending,
         } if saver else {}) | {
             "kv_blocks_received": total["num_blocks"], "kv_bytes_received": total["num_bytes"],
             "kv_failed_blocks": total["num_failed_blocks"],

@@ -23,9 +23,11 @@ class BlockingIndex:
 
     def __init__(self) -> None:
         self.release = threading.Event()
+        self.entered = threading.Event()   # the publisher's thread is in a call
         self.events: list = []
 
     def on_events(self, events) -> None:
+        self.entered.set()
         self.release.wait(timeout=30)
         self.events += events
 
@@ -82,8 +84,8 @@ def test_past_its_backlog_the_oldest_events_are_dropped_and_counted():
     index = BlockingIndex()
     publisher = BackgroundPublisher(index, max_backlog=2)
     store = _store(publisher)
-    store.put(keys(1)[0], payload(0))   # taken by the thread, blocked in the index
-    time.sleep(0.1)
+    store.put(keys(1)[0], payload(0))
+    assert index.entered.wait(timeout=5)   # taken by the thread, blocked in the index
     for key in keys(4, first_token=1000):
         store.put(key, payload(1))   # 4 placed, 3 evicted: 7 queued, 2 kept
     assert publisher.num_dropped == 5
@@ -101,3 +103,19 @@ def test_close_sends_what_is_queued_and_stops_its_thread():
     publisher.close()
     assert len(index.events) == 1
     assert not publisher._thread.is_alive()
+
+
+def test_a_wait_for_the_events_so_far_is_not_extended_by_later_ones():
+    """A save waits for its own entries: traffic after it does not keep it waiting."""
+    index = BlockingIndex()
+    publisher = BackgroundPublisher(index)
+    store = _store(publisher)
+    store.put(keys(1)[0], payload(0))
+    mark = publisher.num_queued
+    assert index.entered.wait(timeout=5)   # the thread took it; blocked in the index
+    store.put(keys(1, first_token=700)[0], payload(1))   # a later change, queued behind
+    assert not publisher.wait_sent(mark, timeout_s=0.05)
+    index.release.set()
+    assert publisher.wait_sent(mark, timeout_s=5)
+    assert publisher.flush(timeout_s=5) and publisher.num_pending == 0
+    publisher.close()

@@ -165,7 +165,7 @@ class _FakeLookup:
 
 
 def _scheduler(lookup: _FakeLookup | None, kv_address: str = "127.0.0.1:1") -> ConnectorScheduler:
-    return ConnectorScheduler(BLOCK_SIZE, kv_address, AsyncStoreLookup(lookup) if lookup else None)
+    return ConnectorScheduler(BLOCK_SIZE, kv_address, AsyncStoreLookup(lookup, max_wait_s=30) if lookup else None)
 
 
 def _matched(sched: ConnectorScheduler, request, num_computed_tokens: int) -> tuple[int, bool]:
