@@ -48,10 +48,17 @@ def _processes_of(run_dir: Path, but: int) -> list[str]:
     return [pid for pid in out.stdout.split() if pid != str(but)]
 
 
+def _ctrl_c_reaches_it() -> None:
+    """A terminal's Ctrl-C, even when this suite runs as a background job (which ignores SIGINT, and
+    a Python started with it ignored never turns it into KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
     run_dir = tmp_path / "run"
     up = subprocess.Popen([*PDMESH, "up", "--model", str(tiny_llama_dir), "--port", "0", "--max-tokens", "8",
-                           "--http-port", "0", "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           "--http-port", "0", "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=_ctrl_c_reaches_it)
     try:
         lines, serving = _read_until(up, r"--gateway (127\.0\.0\.1:\d+)", timeout_s=300)
         demo = "".join(lines)

@@ -60,7 +60,15 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_grace_period(tmp_pat
     assert _group_gone(process.popen.pid)
 
 
-def test_a_second_ctrl_c_during_stop_kills_what_is_left_at_once(tmp_path):
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt, even when the suite runs as a background job (SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_second_ctrl_c_during_stop_kills_what_is_left_at_once(tmp_path, ctrl_c_raises):
     cluster = LocalCluster(tmp_path, tmp_path)
     process = _spawn(tmp_path, "trap '' TERM; sleep 300 & wait")
     cluster._processes.append(process)
