@@ -2,7 +2,7 @@
 `stall_s` with none ending, `py-spy dump --nonblocking` of each worker's and the gateway's process
 (its engine and other children included; not paused, so the dump does not lengthen the stall it
 measures) and a `ps` of every process (which core each ran on last, its state) go to a folder named
-by the wall-clock time, once per stall. What a stall's cause is then reads from the stacks, not
+by the wall-clock time, and again every `stall_s` while the stall lasts. What a stall's cause is then reads from the stacks, not
 from guesses."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
-MAX_STALLS_DUMPED = 10
+MAX_STALLS_DUMPED = 20   # dumps in all
 
 
 async def dump_stalls(load, pids, out_dir: Path, stall_s: float = 5.0) -> None:
@@ -27,19 +27,21 @@ async def dump_stalls(load, pids, out_dir: Path, stall_s: float = 5.0) -> None:
     if py_spy is None:
         logger.warning("py-spy not found: stalls are measured but not dumped")
         return
-    last_end, num_dumped, dumped_this = time.monotonic(), 0, False
+    last_end, num_dumped = time.monotonic(), 0
+    last_dump = last_end   # a stall that goes on is dumped again every stall_s: what changed, what did not
     while num_dumped < MAX_STALLS_DUMPED:
         await asyncio.sleep(POLL_S)
         if load.results and load.results[-1].ended_s > last_end:
-            last_end, dumped_this = load.results[-1].ended_s, False
+            last_end = last_dump = load.results[-1].ended_s
         if not load.in_flight:
-            last_end, dumped_this = time.monotonic(), False
-        elif not dumped_this and time.monotonic() - last_end > stall_s:
-            dumped_this, num_dumped = True, num_dumped + 1
-            folder = out_dir / time.strftime("stall-%H%M%S")
+            last_end = last_dump = time.monotonic()
+        elif time.monotonic() - max(last_end, last_dump) > stall_s:
+            num_dumped += 1
+            folder = out_dir / f"{time.strftime('stall-%H%M%S')}-{num_dumped}"
             await _dump_all(py_spy, pids(), folder)
+            last_dump = time.monotonic()
             logger.warning("stall: %d requests in flight, none ended for %.1f s; stacks in %s",
-                           load.in_flight, time.monotonic() - last_end, folder)
+                           load.in_flight, last_dump - last_end, folder)
 
 
 def find_py_spy() -> str | None:

@@ -1,4 +1,5 @@
-"""dump_stalls against a real process: py-spy's stacks of it land once per stall, none while requests end."""
+"""dump_stalls against a real process: py-spy's stacks of it land when a stall begins and again while it
+lasts, none while requests end."""
 
 from __future__ import annotations
 
@@ -37,7 +38,18 @@ def sleeper():
     process.wait()
 
 
-async def test_a_stall_dumps_every_process_once_and_a_busy_mesh_none(tmp_path, sleeper, monkeypatch):
+async def _until(condition, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return condition()
+
+
+def _dumped(folder) -> bool:
+    return (folder / "worker.txt").is_file() and "waiting_here" in (folder / "worker.txt").read_text()
+
+
+async def test_a_stall_dumps_every_process_and_a_busy_mesh_none(tmp_path, sleeper, monkeypatch):
     monkeypatch.setattr(stall_dumps, "POLL_S", 0.05)
     load = FakeLoad(in_flight=3)
     task = asyncio.create_task(dump_stalls(load, lambda: {"worker": sleeper.pid}, tmp_path, stall_s=0.5))
@@ -45,10 +57,17 @@ async def test_a_stall_dumps_every_process_once_and_a_busy_mesh_none(tmp_path, s
         await asyncio.sleep(0.1)
         load.results.append(Ended(time.monotonic()))
     assert list(tmp_path.iterdir()) == []
-    await asyncio.sleep(3.0)  # none ends: one stall, dumped once
+    assert await _until(lambda: any(_dumped(folder) for folder in tmp_path.iterdir()))   # none ends: a stall
     task.cancel()
-    (folder,) = tmp_path.iterdir()
+    folder = sorted(tmp_path.iterdir())[0]
     assert folder.name.startswith("stall-")
     assert sorted(p.name for p in folder.iterdir()) == ["ps.txt", "worker.txt"]
     assert str(sleeper.pid) in (folder / "ps.txt").read_text()
-    assert "waiting_here" in (folder / "worker.txt").read_text()
+
+
+async def test_a_long_stall_is_dumped_again_every_stall_s(tmp_path, sleeper, monkeypatch):
+    monkeypatch.setattr(stall_dumps, "POLL_S", 0.05)
+    load = FakeLoad(in_flight=3, results=[Ended(time.monotonic())])
+    task = asyncio.create_task(dump_stalls(load, lambda: {"worker": sleeper.pid}, tmp_path, stall_s=0.5))
+    assert await _until(lambda: sum(_dumped(folder) for folder in tmp_path.iterdir()) >= 2)
+    task.cancel()
