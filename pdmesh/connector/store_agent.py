@@ -298,10 +298,7 @@ class StoreAgent:
         if self.index is not None:
             self.index.close()
 
-    def index_mark(self) -> int:
-        """The number of the store's latest change queued for the index (for wait_index)."""
-        return self._publisher.num_queued if self._publisher else 0
-
-    def wait_index(self, mark: int, timeout_s: float) -> bool:
-        """Waits until the store's changes up to `mark` were sent to the index; False on timeout."""
-        return self._publisher.wait_sent(mark, timeout_s) if self._publisher else True
+    def flush_index(self, timeout_s: float) -> bool:
+        """Waits until the store's changes so far were sent to the index (not those made meanwhile);
+        False on timeout."""
+        return self._publisher.flush(timeout_s) if self._publisher else True

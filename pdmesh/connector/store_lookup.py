@@ -74,17 +74,15 @@ class AsyncStoreLookup:
             self._pending[request_id] = (future, self._clock())
             return None
         future, asked_at = pending
-        if not future.done():
-            if self._clock() - asked_at < self._max_wait_s:
-                return None
-            future.cancel()   # still queued: it never runs; running: its answer is dropped
-            self.num_given_up += 1
-            logger.info("request %s: no KV store answer in %.1f s; computing the prompt", request_id,
-                        self._max_wait_s)
-            del self._pending[request_id]
-            return []
+        if not future.done() and self._clock() - asked_at < self._max_wait_s:
+            return None
         del self._pending[request_id]
-        return future.result()  # nodes_of_cached_prefix turns every failure into a miss ([])
+        if future.done():
+            return future.result()  # nodes_of_cached_prefix turns every failure into a miss ([])
+        future.cancel()   # still queued: it never runs; running: its answer is dropped
+        self.num_given_up += 1
+        logger.info("request %s: no KV store answer in %.1f s; computing the prompt", request_id, self._max_wait_s)
+        return []
 
     def forget(self, request_id: str) -> None:
         """The request left before its answer was used (aborted, finished)."""

@@ -93,7 +93,7 @@ class StoreSaver:
                 num_saved = self._store.put_rows(keys, rows)
                 self._store.touch_prompt(send)
                 # a save ends once its blocks are in the index (this thread waits, no request does)
-                if not self._store.wait_index(self._store.index_mark(), INDEX_WAIT_S):
+                if not self._store.flush_index(INDEX_WAIT_S):
                     logger.info("transfer %s: saved, its index entries still queued", send.transfer_id)
                 span.set_attributes({"pdmesh.kvstore.blocks_saved": num_saved,
                                      "pdmesh.kvstore.bytes_saved": num_saved * self._paged.block_nbytes})
