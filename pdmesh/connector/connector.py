@@ -23,6 +23,7 @@ from pdmesh.connector.quiet_steps import QuietSteps, install_quiet_steps
 from pdmesh.connector.scheduler_side import ConnectorScheduler
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.connector.store_lookup import AsyncStoreLookup, StoreLookup
+from pdmesh.telemetry.logs import configure_engine_logging
 from pdmesh.transport.affinity import all_cores
 from pdmesh.connector.worker_side import ConnectorWorker
 
@@ -42,6 +43,7 @@ class PDMeshConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        configure_engine_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         block_size = vllm_config.cache_config.block_size
         kv_host = str(extra.get("kv_host", "127.0.0.1"))

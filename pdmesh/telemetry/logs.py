@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
 from opentelemetry import baggage, trace
 
 from pdmesh.telemetry.tracing import CLIENT_REQUEST_ID_KEY, REQUEST_ID_KEY
 
+DEBUG_LOGGERS_ENV = "PDMESH_DEBUG_LOGGERS"  # comma-separated logger names logged at DEBUG (e.g. every pull's timing)
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
@@ -38,3 +40,29 @@ def configure_logging(log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    _apply_debug_loggers()
+
+
+def configure_engine_logging() -> None:
+    """In an engine's processes, where vLLM configures only its own loggers: pdmesh's records get a
+    time and their logger's name (not Python's bare last-resort line), and the debug loggers apply.
+    Nothing changes where the process already has handlers (a worker's main process, tests)."""
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    for name in _OWN_LOGGERS:
+        own = logging.getLogger(name)
+        if not own.handlers:
+            own.addHandler(handler)
+            own.setLevel(logging.INFO)
+            own.propagate = False
+    _apply_debug_loggers()
+
+
+_OWN_LOGGERS = ("pdmesh", "kvstore")
+
+
+def _apply_debug_loggers() -> None:
+    for name in filter(None, (n.strip() for n in os.environ.get(DEBUG_LOGGERS_ENV, "").split(","))):
+        logging.getLogger(name).setLevel(logging.DEBUG)

@@ -17,6 +17,7 @@ from pdmesh.transport.chunking import AssembledBlock, receive_runs
 from pdmesh.transport.kv_layout import LayerRegion
 from pdmesh.transport.kv_transport import PeerLink
 from pdmesh.transport.mesh_auth import MeshAuth
+from pdmesh.transport.pull_timing import PullTiming
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -77,9 +78,18 @@ class GrpcKVReceiver:
         request = kv_transfer_pb2.PullRequest(
             transfer_id=transfer_id, block_indexes=list(block_indexes), compat=self._compat,
             first_layer=layers.start if layers else 0, end_layer=layers.stop if layers else 0)
+        timing = PullTiming(logger, "pulled", transfer_id, address)
         chunks = self._stub(address).Pull(request, timeout=self._timeout_s, metadata=self._metadata)
-        yield from receive_runs(chunks, self._compat.block_nbytes, len(block_indexes), f"transfer {transfer_id}",
-                                verify=verify, tamper=tamper)
+        outcome = "stopped (the reader went away)"
+        try:
+            yield from receive_runs(_timed(chunks, timing), self._compat.block_nbytes, len(block_indexes),
+                                    f"transfer {transfer_id}", verify=verify, tamper=tamper)
+            outcome = "received"
+        except Exception as exc:
+            outcome = f"failed: {exc}"
+            raise
+        finally:
+            timing.end(outcome)
 
     def watch(self, address: str, transfer_id: str, seen_version: int, wait_s: float,
               block_indexes: Sequence[int] = (), transport: str = "") -> kv_transfer_pb2.WatchResponse:
@@ -125,6 +135,12 @@ class GrpcKVReceiver:
 
     def _stub(self, address: str) -> kv_transfer_pb2_grpc.KVTransferStub:
         return kv_transfer_pb2_grpc.KVTransferStub(self._channels.get(address))
+
+
+def _timed(chunks: Iterable[kv_transfer_pb2.KVChunk], timing: PullTiming) -> Iterator[kv_transfer_pb2.KVChunk]:
+    for chunk in chunks:
+        timing.message()
+        yield chunk
 
 
 def wait_briefly(releases: Iterable[grpc.Future | None], timeout_s: float = RELEASE_WAIT_S) -> None:

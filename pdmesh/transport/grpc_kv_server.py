@@ -10,6 +10,7 @@ announced is refused at once (pdmesh/transport/held_transfers.py).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -32,11 +33,13 @@ from pdmesh.transport.grpc_options import GRPC_OPTIONS
 from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.transport.kv_transport import GRPC, KVExporter
 from pdmesh.transport.layer_progress import LayerProgress
+from pdmesh.transport.pull_timing import PullTiming
 from pdmesh.tls import server_credentials
 from pdmesh.transport.mesh_auth import MeshAuth, MeshTokenInterceptor
 from pdmesh.transport.rpc_budgets import RpcBudget, RpcBudgetInterceptor, threads_for
 from pdmesh.v1 import common_pb2, kv_store_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
+logger = logging.getLogger(__name__)
 BlockReader = Callable[[list[int]], np.ndarray]  # engine block ids -> (n, block_nbytes) uint8 rows
 BlockChecksums = Callable[[list[int]], list[int]]  # engine block ids -> checksum of each block's bytes
 MAX_WATCH_MS = 5000  # a Watch holds one of the server's threads at most this long
@@ -163,20 +166,25 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         if request.end_layer:
             yield from self._pull_layers(request, context)
             return
+        timing = PullTiming(logger, "served", request.transfer_id, context.peer())
+        outcome = "stopped (the reader went away)"
         with tracer().start_as_current_span("kv.serve") as span:
             span.set_attribute("pdmesh.kv.transfer_id", request.transfer_id)
             try:
                 transfer, exported = self._open_transfer(request)
+                if exported and not self._store.lease(request.transfer_id):  # its slots stay its own while streamed
+                    raise TransferNotFound(f"KV store export {request.transfer_id!r} expired")
             except PDMeshError as exc:
                 span.record_exception(exc)
+                timing.end(f"refused: {exc}")
                 self._abort(context, exc)
-            if exported and not self._store.lease(request.transfer_id):  # its slots stay its own while streamed
-                self._abort(context, TransferNotFound(f"KV store export {request.transfer_id!r} expired"))
             try:
-                num_bytes = yield from self._stream(transfer, exported, list(request.block_indexes))
+                num_bytes = yield from self._stream(transfer, exported, list(request.block_indexes), timing)
+                outcome = "sent"
             finally:
                 if exported:
                     self._store.unlease(request.transfer_id)
+                timing.end(outcome)
             span.set_attributes({"pdmesh.kv.blocks": len(request.block_indexes), "pdmesh.kv.bytes": num_bytes})
 
     def _pull_layers(self, request: kv_transfer_pb2.PullRequest, context):
@@ -196,8 +204,9 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         yield from iter_chunks(list(request.block_indexes), rows, [b""] * len(block_ids), self._chunk_nbytes)
         self._count(0, rows.nbytes, GRPC)
 
-    def _stream(self, transfer: HeldTransfer, exported: bool, indexes: list[int]):
-        """Yields the chunks of the transfer's blocks at `indexes`; returns the bytes sent."""
+    def _stream(self, transfer: HeldTransfer, exported: bool, indexes: list[int], timing: PullTiming):
+        """Yields the chunks of the transfer's blocks at `indexes` (each timed once taken); returns
+        the bytes sent."""
         read_run, read_rows = ((lambda ids: self._store.read_rows(ids).tobytes(), self._store.read_rows)
                                if exported else (self._read_run, self._read_blocks))
         num_bytes = 0
@@ -209,10 +218,13 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             if per_read > 1 and read_run is not None:  # a message's bytes straight from the cache
                 chunk = run_chunk(batch, read_run(block_ids), self._compat.block_nbytes, hashes)
                 yield chunk
+                timing.message()
                 nbytes = len(chunk.data)
             else:
                 rows = read_rows(block_ids)  # one gather per layer
-                yield from iter_chunks(batch, rows, hashes, self._chunk_nbytes)
+                for chunk in iter_chunks(batch, rows, hashes, self._chunk_nbytes):
+                    yield chunk
+                    timing.message()
                 nbytes = rows.nbytes
             num_bytes += nbytes
             self._count(len(batch), nbytes, GRPC)
