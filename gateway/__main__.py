@@ -5,6 +5,7 @@ import logging
 
 from gateway.server import Gateway
 from pdmesh.config import GatewaySettings
+from pdmesh.gc_heap import freeze_startup_heap, process_gc_pauses
 from pdmesh.grpc_server import wait_for_termination_signal, write_ready_file
 from pdmesh.telemetry.logs import configure_logging
 from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
@@ -15,8 +16,11 @@ async def serve(settings: GatewaySettings) -> None:
     gateway = Gateway(settings)
     try:
         address = await gateway.start()
-        logging.getLogger("gateway").info("gateway serving on %s (HTTP %s, metrics %s)", address,
-                                          gateway.http_address or "off", gateway.metrics_address or "off")
+        logger = logging.getLogger("gateway")
+        frozen = freeze_startup_heap()   # every stream waits out a full collection: the start-up heap is out of it
+        process_gc_pauses()
+        logger.info("gateway serving on %s (HTTP %s, metrics %s); heap: %d objects frozen", address,
+                    gateway.http_address or "off", gateway.metrics_address or "off", frozen.num_objects)
         write_ready_file(settings.ready_file, address=address, role="gateway",
                          metrics_address=gateway.metrics_address, http_address=gateway.http_address)
         await wait_for_termination_signal(settings.exit_with_parent)

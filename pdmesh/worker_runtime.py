@@ -11,6 +11,7 @@ from pdmesh import engine_debris
 from pdmesh.connector.engine_core_ext import scheduler_stats
 from pdmesh.engine import build_worker_engine, free_port
 from pdmesh.errors import Incompatible
+from pdmesh.gc_heap import freeze_startup_heap, process_gc_pauses
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_ready_file
 from pdmesh.telemetry.logs import configure_logging
@@ -58,6 +59,16 @@ async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> 
         vocab_size=model_config.get_vocab_size())
 
 
+async def _freeze_startup_heaps(engine) -> None:
+    """The model workers' and this process's heaps out of garbage collection (pdmesh/gc_heap.py)."""
+    for num_objects, collect_s in await engine.collective_rpc("pdmesh_freeze_gc"):
+        logger.info("model worker heap: %d objects frozen (a full collection took %.2f s)", num_objects, collect_s)
+    own = freeze_startup_heap()
+    process_gc_pauses()
+    logger.info("worker process heap: %d objects frozen (a full collection took %.2f s)", own.num_objects,
+                own.collect_s)
+
+
 async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: AddServicer) -> None:
     from pdmesh.telemetry.engine_stats import ConnectorCounterSync, stat_logger_factory
 
@@ -72,6 +83,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     try:
         info = await describe_worker(settings, engine, settings.kv_address_for_peers(kv_port))
         engine_debris.record_stores(await engine.collective_rpc("pdmesh_dist_store"))
+        await _freeze_startup_heaps(engine)
         await asyncio.to_thread(engine_debris.sweep)  # what was younger than the grace a moment ago
         block_nbytes_holder.append(info.compat.block_nbytes)
         token_check = [AioMeshTokenInterceptor(settings.mesh_token)] if settings.mesh_token else []

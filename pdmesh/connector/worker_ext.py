@@ -3,6 +3,8 @@ process can read the connector's state through `engine.collective_rpc`."""
 
 from __future__ import annotations
 
+from pdmesh.gc_heap import freeze_startup_heap
+
 
 class PDMeshWorkerExtension:
     def pdmesh_compat(self) -> bytes:
@@ -29,6 +31,12 @@ class PDMeshWorkerExtension:
         if worker.progress is not None:
             worker.progress.end(transfer_id)
         return worker.held.release(transfer_id)
+
+    def pdmesh_freeze_gc(self) -> tuple[int, float]:
+        """Freezes the worker's start-up heap (pdmesh/gc_heap.py): (objects frozen, seconds the full
+        collection before the freeze took)."""
+        frozen = freeze_startup_heap()
+        return frozen.num_objects, frozen.collect_s
 
     def pdmesh_counters(self) -> dict:
         """Field names of pdmesh.v1.WorkerStats."""

@@ -130,3 +130,15 @@ def test_logs_are_json_lines_with_request_and_trace_ids(cluster, process, logger
     assert traced[0]["request_id"].startswith("traced-request-1-")   # the gateway's, which the workers act on
     assert traced[0]["trace_id"] == CLIENT_TRACE_ID
     assert set(traced[0]) >= {"ts", "level", "message", "span_id"}
+
+
+@pytest.mark.parametrize("process", ["prefill-0", "decode-0"])
+def test_each_worker_froze_its_start_up_heaps(cluster, process):
+    """A model worker's full garbage collection walks its whole heap holding the GIL, and its KV
+    threads wait (pdmesh/gc_heap.py): the heaps that exist once the engine has started are frozen."""
+    lines = (cluster.run_dir / f"{process}.log").read_text().splitlines()
+    messages = [json.loads(line)["message"] for line in lines if line.startswith("{")]
+    model_worker = [m for m in messages if m.startswith("model worker heap: ")]
+    own = [m for m in messages if m.startswith("worker process heap: ")]
+    assert len(model_worker) == 1 and len(own) == 1, messages[:20]
+    assert int(model_worker[0].split()[3]) > 100_000, model_worker   # torch, the model, vLLM's runner
