@@ -174,6 +174,7 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
                 transfer, exported = self._open_transfer(request)
                 if exported and not self._store.lease(request.transfer_id):  # its slots stay its own while streamed
                     raise TransferNotFound(f"KV store export {request.transfer_id!r} expired")
+                timing.opened()
             except PDMeshError as exc:
                 span.record_exception(exc)
                 timing.end(f"refused: {exc}")

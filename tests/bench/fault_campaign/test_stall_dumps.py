@@ -61,8 +61,9 @@ async def test_a_stall_dumps_every_process_and_a_busy_mesh_none(tmp_path, sleepe
     task.cancel()
     folder = sorted(tmp_path.iterdir())[0]
     assert folder.name.startswith("stall-")
-    assert sorted(p.name for p in folder.iterdir()) == ["ps.txt", "worker.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["ps.txt", "threads.txt", "worker.txt"]
     assert str(sleeper.pid) in (folder / "ps.txt").read_text()
+    assert str(sleeper.pid) in (folder / "threads.txt").read_text()
 
 
 async def test_a_long_stall_is_dumped_again_every_stall_s(tmp_path, sleeper, monkeypatch):
@@ -71,3 +72,7 @@ async def test_a_long_stall_is_dumped_again_every_stall_s(tmp_path, sleeper, mon
     task = asyncio.create_task(dump_stalls(load, lambda: {"worker": sleeper.pid}, tmp_path, stall_s=0.5))
     assert await _until(lambda: sum(_dumped(folder) for folder in tmp_path.iterdir()) >= 2)
     task.cancel()
+    first, second = sorted(tmp_path.iterdir(), key=lambda folder: int(folder.name.rsplit("-", 1)[1]))[:2]
+    # from the second dump of a stall on, native frames: where the sleeper's thread sleeps in C
+    assert "time_sleep" not in (first / "worker.txt").read_text()
+    assert "time_sleep" in (second / "worker.txt").read_text()
