@@ -1,6 +1,11 @@
 """The faults a campaign injects, one per trial, into a running FaultMesh under load. Each
-`inject` blocks until the fault is over and the mesh is whole again (a killed worker restarted on
-its ports, a stopped one continued, Redis back, the disk emptied) and says what it hit."""
+`inject` blocks until the fault is over (a stopped worker continued, Redis back, the disk emptied)
+and says what it hit; `recover` makes the mesh whole again (a killed worker restarted on its
+ports). The load runs throughout: what the mesh serves meanwhile is measured (affected.py).
+
+Each runs on the mesh's default KV transport ("auto": shared memory between workers on one host)
+but the faults that cut or corrupt KV chunks on a TCP proxy: their bytes must cross the KV port's
+sockets, so those run on gRPC (`Fault.kv_transport`)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from pdmesh.v1.worker_pb2 import WorkerStats
 # the first) and now.
 Busy = Callable[[WorkerStats | None, WorkerStats], bool]
 
+AUTO, GRPC = "auto", "grpc"   # KV transports (pdmesh/transport/kv_transport.py)
 BUSY_WAIT_S = 10.0   # how long a fault waits for its victim to be in the state it should hit
 KILLED_FOR_S = 3.0   # how long the load runs on the survivors before a killed worker is restarted
 
@@ -34,6 +40,8 @@ class Trial:
 class Fault:
     name = ""
     description = ""
+    kv_transport = AUTO      # the transport it runs on unless the campaign is told one
+    shared_victim = False    # its victim serves every request (Redis), not the requests routed to it
 
     def unavailable(self, mesh: FaultMesh) -> str | None:
         """Why this fault cannot run on this mesh (None: it can)."""
@@ -43,7 +51,7 @@ class Fault:
         raise NotImplementedError
 
     def recover(self, mesh: FaultMesh, trial: Trial) -> None:
-        """Makes the mesh whole again after inject (run with the load paused); nothing by default."""
+        """Makes the mesh whole again after inject, under the load; nothing by default."""
 
 
 class KillWorker(Fault):
@@ -111,6 +119,7 @@ class StopWorker(Fault):
 class RestartRedis(Fault):
     name = "restart_redis"
     description = "restart Redis (the KV store's index: every key lost)"
+    shared_victim = True
 
     def inject(self, mesh: FaultMesh, index: int) -> Trial:
         keys = mesh.redis.client().dbsize()
@@ -144,8 +153,15 @@ class FillDisk(Fault):
 class ProxyFault(Fault):
     """Arms the fault proxy in front of a prefill's KV port: its next bulk chunk is cut or corrupted."""
 
+    kv_transport = GRPC   # shm and Mooncake move the blocks' bytes outside the port's sockets
+
     def __init__(self, name: str, action: str, description: str) -> None:
         self.name, self.action, self.description = name, action, description
+
+    def unavailable(self, mesh: FaultMesh) -> str | None:
+        if mesh.spec.kv_transport == GRPC:
+            return None
+        return f"cuts KV chunks on the KV port's proxy: needs KV over grpc, not {mesh.spec.kv_transport}"
 
     def inject(self, mesh: FaultMesh, index: int) -> Trial:
         victim = mesh.prefill_names[index % len(mesh.prefill_names)]

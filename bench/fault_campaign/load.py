@@ -20,7 +20,9 @@ import grpc
 from bench.fault_campaign.outcomes import RequestResult, classify
 from pdmesh.client import auth_metadata, make_request
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
-from pdmesh.v1 import generate_pb2_grpc
+from pdmesh.v1 import generate_pb2, generate_pb2_grpc
+
+REMOTE_TIER = "remote"   # prefill_store_tokens' label of tokens fetched from another node (connector/store_agent.py)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class StreamLoad:
         if tenant.salt_each_request:
             request.cache_salt = uuid.uuid4().hex
         tokens: list[int] = []
-        prefill_cached_tokens = num_failovers = 0
+        transfer = generate_pb2.TransferStats()   # the last message's: the route, the KV's way
         error, hung = None, False
         started = time.monotonic()
         call = stub.Generate(request, metadata=auth_metadata(tenant.api_key))
@@ -116,8 +118,7 @@ class StreamLoad:
                 async for response in call:
                     tokens.extend(response.token_ids)
                     if response.HasField("transfer"):   # the last message
-                        prefill_cached_tokens = response.transfer.prefill_cached_tokens
-                        num_failovers = response.transfer.num_failovers
+                        transfer = response.transfer
         except grpc.aio.AioRpcError as exc:
             error = exc
         except TimeoutError:
@@ -125,5 +126,7 @@ class StreamLoad:
             call.cancel()
         outcome, detail = classify(tokens, self.workload.expected[index], error, hung)
         return RequestResult(index, started, time.monotonic(), outcome, detail, probe=probe,
-                             prefill_cached_tokens=prefill_cached_tokens, num_failovers=num_failovers,
-                             request_id=request_id)
+                             prefill_cached_tokens=transfer.prefill_cached_tokens,
+                             num_failovers=transfer.num_failovers, request_id=request_id,
+                             prefill_worker=transfer.prefill_worker, decode_worker=transfer.decode_worker,
+                             remote_store_tokens=transfer.prefill_store_tokens.get(REMOTE_TIER, 0))

@@ -39,7 +39,7 @@ class MeshSpec:
     run_dir: Path
     num_prefill: int = 2
     num_decode: int = 2
-    kv_transport: str = "grpc"      # the transport whose chunks cross the proxy's sockets
+    kv_transport: str = "auto"      # the workers' default (shm on one host); "grpc" for the KV proxy's faults
     hold_timeout_s: float = 8.0     # a transfer nobody releases is freed after this
     pull_timeout_s: float = 4.0     # a stopped peer is given up on after this
     request_timeout_s: float = 60.0
@@ -126,6 +126,17 @@ class FaultMesh:
             time.sleep(0.02)
         return None
 
+    def addresses_of(self, name: str) -> frozenset[str]:
+        """Every address a worker is known by: its API port as the gateway dials it (the proxy's) and
+        as it bound it, and a prefill's KV port as peers dial it and as it bound it. Empty for a
+        name that is no worker's."""
+        bound = [address for address, worker in self.cluster.worker_names.items() if worker == name]
+        proxied = [proxy.address for worker, proxy in self.api_proxies.items() if worker == name]
+        kv = [self.cluster.prefill_addresses_kv[self.cluster.prefill_addresses.index(address)]
+              for address in bound if address in self.cluster.prefill_addresses]
+        kv += [proxy.target for worker, proxy in self.kv_proxies.items() if worker == name]
+        return frozenset(bound + proxied + kv)
+
     def leaks(self) -> list[str]:
         """What any worker still holds once the load has stopped and unreleased transfers have
         expired: held transfers, pinned store blocks, requests, KV cache blocks in use."""
@@ -151,9 +162,10 @@ class FaultMesh:
     def _worker_args(self) -> list[str]:
         # No engine prefix cache: every request moves its whole prompt's KV (pulls, store reads), so
         # the faults land on transfers rather than on prompts cached after their first round.
-        return ["--no-engine.enable_prefix_caching", "--kv_transport", self.spec.kv_transport,
-                "--mooncake_host", "127.0.0.1", "--hold_timeout_s", str(self.spec.hold_timeout_s),
-                "--pull_timeout_s", str(self.spec.pull_timeout_s)]
+        # Mooncake only when asked for: a worker's default has it off (no isolated data network).
+        mooncake = ["--mooncake_host", "127.0.0.1"] if self.spec.kv_transport == "mooncake" else []
+        return ["--no-engine.enable_prefix_caching", "--kv_transport", self.spec.kv_transport, *mooncake,
+                "--hold_timeout_s", str(self.spec.hold_timeout_s), "--pull_timeout_s", str(self.spec.pull_timeout_s)]
 
     def _store_args(self) -> list[str]:
         return [*self.spec.store_args, "--store.redis_url", self.redis.url, "--store.redis_password", REDIS_PASSWORD,

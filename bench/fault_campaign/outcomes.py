@@ -32,9 +32,12 @@ class RequestResult:
     prefill_cached_tokens: int = 0   # prompt tokens its prefill did not compute (prefix cache, KV store)
     num_failovers: int = 0
     request_id: str = ""      # the id the load sent (the mesh's logs name it)
-
-    def in_flight_at(self, moment_s: float) -> bool:
-        return self.started_s <= moment_s <= self.ended_s
+    # The gateway's route on the last message (the latest attempt's workers, as it dials them): "" for
+    # a request that never got its last message (failed, hung); remote_store_tokens: prompt tokens
+    # its prefill fetched from another node's KV store.
+    prefill_worker: str = ""
+    decode_worker: str = ""
+    remote_store_tokens: int = 0
 
 
 def classify(tokens: list[int], expected: list[int], error: grpc.aio.AioRpcError | None = None,
