@@ -39,9 +39,10 @@ SOAK_STORE_ARGS = ["--store.device_bytes", str(2 << 20), "--store.dram_bytes", s
 def soak_spec(model_dir: Path, run_dir: Path) -> MeshSpec:
     """The campaign's mesh with the workers' default timeouts (the campaign shortens them so that a
     stopped peer is given up on within its trial), its processes talking to each other directly (no
-    fault proxies: nothing is injected, and the load's own process should not carry the mesh's traffic)."""
-    return MeshSpec(model_dir, run_dir, hold_timeout_s=60.0, pull_timeout_s=30.0, request_timeout_s=300.0,
-                    nvme_fs_bytes=48 << 20, store_args=SOAK_STORE_ARGS, fault_proxies=False)
+    fault proxies: nothing is injected, and the load's own process should not carry the mesh's traffic),
+    KV over gRPC as in every soak run so far (the report's runs compare)."""
+    return MeshSpec(model_dir, run_dir, kv_transport="grpc", hold_timeout_s=60.0, pull_timeout_s=30.0,
+                    request_timeout_s=300.0, nvme_fs_bytes=48 << 20, store_args=SOAK_STORE_ARGS, fault_proxies=False)
 
 
 async def soak(spec: MeshSpec, seconds: float, num_streams: int, sample_every_s: float) -> SoakResult:
