@@ -47,6 +47,7 @@ class _Process:
 # (the fault campaign's restarts under load). Until it is ready its session gets more of the CPU,
 # as a deployment gives a restarting pod cores of its own.
 RESTART_NICE = -10
+STRAGGLER_GRACE_S = 5.0   # how long a stopped worker's engine processes get to follow it out
 
 
 def _set_session_nice(pid: int, nice: int) -> bool:
@@ -121,6 +122,8 @@ class LocalCluster:
                     process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     self._kill_group(process)
+                else:   # an engine whose worker exited mid-start outlives it: what is left, killed
+                    self._kill_stragglers(process, STRAGGLER_GRACE_S)
         except KeyboardInterrupt:   # a second Ctrl-C: stop waiting for graceful shutdowns
             for process in self._processes:
                 self._kill_group(process)
@@ -135,6 +138,19 @@ class LocalCluster:
         with contextlib.suppress(ProcessLookupError):   # the group's engine processes may outlive its leader
             os.killpg(process.popen.pid, signal.SIGKILL)
         process.popen.wait()
+
+    @classmethod
+    def _kill_stragglers(cls, process: _Process, grace_s: float) -> None:
+        """Waits up to grace_s for the rest of an exited worker's group (its resource tracker may
+        still be cleaning up), then kills what is left."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.popen.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        cls._kill_group(process)
 
     def kill(self, name: str) -> None:
         """SIGKILLs a process (and its engine's processes): a crash, not a shutdown."""

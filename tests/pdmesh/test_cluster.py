@@ -60,6 +60,18 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_grace_period(tmp_pat
     assert _group_gone(process.popen.pid)
 
 
+def test_stop_kills_what_a_worker_that_exited_on_sigterm_left_in_its_group(tmp_path):
+    """A worker stopped while its engine was starting exited on SIGTERM and left the engine's
+    processes running (found after a fault-campaign trial whose restart timed out)."""
+    cluster = LocalCluster(tmp_path, tmp_path)
+    process = _spawn(tmp_path, "sleep 300 & trap 'exit 0' TERM; wait")
+    cluster._processes.append(process)
+    time.sleep(0.2)   # the trap is set
+    cluster.stop(grace_s=5.0)
+    assert process.popen.returncode == 0   # it exited on its own
+    assert _group_gone(process.popen.pid)
+
+
 @pytest.fixture
 def ctrl_c_raises():
     """Ctrl-C raises KeyboardInterrupt, even when the suite runs as a background job (SIGINT ignored)."""
