@@ -5,7 +5,7 @@ import logging
 
 from gateway.server import Gateway
 from pdmesh.config import GatewaySettings
-from pdmesh.gc_heap import freeze_startup_heap, process_gc_pauses
+from pdmesh.gc_heap import freeze_startup_heap
 from pdmesh.grpc_server import wait_for_termination_signal, write_ready_file
 from pdmesh.telemetry.logs import configure_logging
 from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
@@ -18,7 +18,6 @@ async def serve(settings: GatewaySettings) -> None:
         address = await gateway.start()
         logger = logging.getLogger("gateway")
         frozen = freeze_startup_heap()   # every stream waits out a full collection: the start-up heap is out of it
-        process_gc_pauses()
         logger.info("gateway serving on %s (HTTP %s, metrics %s); heap: %d objects frozen", address,
                     gateway.http_address or "off", gateway.metrics_address or "off", frozen.num_objects)
         write_ready_file(settings.ready_file, address=address, role="gateway",

@@ -30,12 +30,14 @@ class FrozenHeap:
 
 
 def freeze_startup_heap() -> FrozenHeap:
-    """Collects once, then freezes everything left (call once the process has started: the model
-    loaded and warmed up)."""
+    """Collects once, then freezes everything left, and from then on logs the process's long
+    collections (process_gc_pauses; not this deliberate one). Call once the process has started:
+    the model loaded and warmed up."""
     started = time.perf_counter()
     gc.collect()
     collect_s = time.perf_counter() - started
     gc.freeze()
+    process_gc_pauses()
     return FrozenHeap(gc.get_freeze_count(), collect_s)
 
 
@@ -45,7 +47,6 @@ class GcPauses:
     def __init__(self, long_pause_s: float = LONG_PAUSE_S, clock=time.perf_counter) -> None:
         self._long_pause_s = long_pause_s
         self._clock = clock
-        self._lock = threading.Lock()
         self._started: float | None = None
         self.num_long = 0
         self.longest_s = 0.0
@@ -64,12 +65,12 @@ class GcPauses:
             return
         if self._started is None:
             return
+        # gc.callbacks run holding the GIL, one collection at a time: no lock needed
         took_s, self._started = self._clock() - self._started, None
-        with self._lock:
-            self.longest_s = max(self.longest_s, took_s)
-            if took_s <= self._long_pause_s:
-                return
-            self.num_long += 1
+        self.longest_s = max(self.longest_s, took_s)
+        if took_s <= self._long_pause_s:
+            return
+        self.num_long += 1
         logger.warning("garbage collection of generation %d took %.2f s (%d collected); every thread waited",
                        info.get("generation", -1), took_s, info.get("collected", 0))
 

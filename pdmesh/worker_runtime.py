@@ -11,7 +11,7 @@ from pdmesh import engine_debris
 from pdmesh.connector.engine_core_ext import scheduler_stats
 from pdmesh.engine import build_worker_engine, free_port
 from pdmesh.errors import Incompatible
-from pdmesh.gc_heap import freeze_startup_heap, process_gc_pauses
+from pdmesh.gc_heap import freeze_startup_heap
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_ready_file
 from pdmesh.telemetry.logs import configure_logging
@@ -64,7 +64,6 @@ async def _freeze_startup_heaps(engine) -> None:
     for num_objects, collect_s in await engine.collective_rpc("pdmesh_freeze_gc"):
         logger.info("model worker heap: %d objects frozen (a full collection took %.2f s)", num_objects, collect_s)
     own = freeze_startup_heap()
-    process_gc_pauses()
     logger.info("worker process heap: %d objects frozen (a full collection took %.2f s)", own.num_objects,
                 own.collect_s)
 

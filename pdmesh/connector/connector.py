@@ -23,7 +23,6 @@ from pdmesh.connector.quiet_steps import QuietSteps, install_quiet_steps
 from pdmesh.connector.scheduler_side import ConnectorScheduler
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.connector.store_lookup import AsyncStoreLookup, StoreLookup
-from pdmesh.gc_heap import process_gc_pauses
 from pdmesh.telemetry.logs import configure_engine_logging
 from pdmesh.transport.affinity import all_cores
 from pdmesh.connector.worker_side import ConnectorWorker
@@ -75,7 +74,6 @@ class PDMeshConnector(KVConnectorBase_V1):
                 except OSError as exc:  # no abstract unix sockets here: every step goes to the workers
                     logger.warning("engine steps will not skip the workers while requests wait for KV: %s", exc)
         else:
-            process_gc_pauses()  # the model worker's collections stop its KV threads too: long ones are logged
             if extra.get("gil_switch_interval_s"):  # the KV threads' GIL handoffs (pdmesh/config.py)
                 sys.setswitchinterval(float(extra["gil_switch_interval_s"]))
             with all_cores():  # the tracer's gRPC exporter starts threads here: keep them off the engine's core

@@ -14,6 +14,7 @@ from pdmesh.telemetry.tracing import CLIENT_REQUEST_ID_KEY, REQUEST_ID_KEY
 
 DEBUG_LOGGERS_ENV = "PDMESH_DEBUG_LOGGERS"  # comma-separated logger names logged at DEBUG (e.g. every pull's timing)
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+_OWN_LOGGERS = ("pdmesh", "kvstore")   # the engine processes' loggers configure_engine_logging sets up
 
 
 class JsonFormatter(logging.Formatter):
@@ -58,9 +59,6 @@ def configure_engine_logging() -> None:
             own.setLevel(logging.INFO)
             own.propagate = False
     _apply_debug_loggers()
-
-
-_OWN_LOGGERS = ("pdmesh", "kvstore")
 
 
 def _apply_debug_loggers() -> None:

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from pdmesh import gc_heap
 from pdmesh.gc_heap import GcPauses, freeze_startup_heap
 
 
@@ -20,17 +21,24 @@ class FakeClock:
 
 
 @pytest.fixture
-def unfrozen():
+def unfrozen(monkeypatch):
+    monkeypatch.setattr(gc_heap, "_process_pauses", None)
     yield
     gc.unfreeze()
+    if gc_heap._process_pauses is not None:
+        gc_heap._process_pauses.uninstall()
 
 
-def test_the_heap_left_after_a_collection_is_frozen(unfrozen):
+def test_the_heap_left_after_a_collection_is_frozen_and_later_collections_are_timed(unfrozen):
     kept = [[index] for index in range(50_000)]   # containers the collector tracks
     frozen = freeze_startup_heap()
     assert frozen.num_objects == gc.get_freeze_count() >= len(kept)
     assert frozen.collect_s >= 0.0
     assert gc.get_count()[2] == 0   # nothing left for a full collection to walk
+    pauses = gc_heap._process_pauses
+    assert pauses is not None and pauses.longest_s == 0.0   # the freeze's own collection is not one of them
+    gc.collect()
+    assert pauses.longest_s > 0.0
     del kept
 
 
