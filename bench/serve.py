@@ -85,6 +85,9 @@ SYSTEMS: dict[str, System] = {
                                          "(vLLM's way; before kv_quiet_steps)"),
     "pdmesh-gil0.5ms": System("pdmesh-gil0.5ms", "pdmesh", worker_args=("--kv_gil_switch_interval_s", "0.0005"),
                               description="pdmesh 1P + 1D, a 0.5 ms GIL switch interval in the engines' workers"),
+    "pdmesh-spin": System("pdmesh-spin", "pdmesh", worker_args=("--engine_queue_spin_s", "1"),
+                          description="pdmesh 1P + 1D, the engines' queues busy-poll 1 s after each message "
+                                      "(vLLM's way; before engine_queue_spin_s)"),
     "pdmesh-cond": System("pdmesh-cond", "pdmesh", gateway_args=("--disagg_policy", "conditional"),
                           worker_args=("--kv_gil_switch_interval_s", "0.0005"),
                           description="pdmesh 1P + 1D, conditional disaggregation (decode may prefill locally)"),

@@ -208,7 +208,7 @@ class LocalCluster:
             args += ["--store.nvme_dir", str(self.store_dir / f"{role}-{index}")]
         if role == "prefill":
             args += self.prefill_args
-        else:  # its engine's queues busy-poll after each step: keep all of it off prefill's cores
+        else:  # where its engine's queues busy-poll after each step, they stay off prefill's cores
             args += ["--process_cpus", str(core)]
         args += self.args_by_name.get(f"{role}-{index}", [])
         return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args],

@@ -240,6 +240,11 @@ class WorkerSettings(_LayeredSettings):
     # (the workers say when one has): vLLM would step them once a millisecond for as long as a request waits,
     # which the layer-wise flow makes as long as prefill (pdmesh/connector/quiet_steps.py).
     kv_quiet_steps: bool = True
+    # How long vLLM's queues between the engine core and its model workers busy-poll after each message
+    # before they sleep on a socket (pdmesh/connector/queue_spin.py); None: 0 on the CPU, where the spin
+    # takes the cores the model computes on (engines sharing cores starved each other for seconds:
+    # bench/REPORT.md, Soak), vLLM's own 1 s on accelerators.
+    engine_queue_spin_s: float | None = None
     # Layer-wise flow, producer: a step's newly written layers are announced to the consumer (a Watch
     # answer, a round trip on this worker's cores while it computes) once they hold this many bytes, or
     # when the step is done. Layer by layer where one layer of a step's KV is this large: announcing
@@ -248,8 +253,8 @@ class WorkerSettings(_LayeredSettings):
     layerwise_read_bytes: int = 4 << 20
     # Cores the worker's own processes (its API server, vLLM's engine core) and its layer-wise reading
     # threads run on, e.g. "1" or "2-3"; "": any.
-    # A local cluster keeps a decode worker's on its engine's core: vLLM's queues between them busy-poll for a
-    # second after each step, which then does not take prefill's core (bench/REPORT.md, layer-wise flow).
+    # A local cluster keeps a decode worker's on its engine's core: where vLLM's queues between them busy-poll
+    # after each step (engine_queue_spin_s), that then does not take prefill's core (bench/REPORT.md, layer-wise).
     process_cpus: str = ""
     advertise_host: str | None = None  # how gateways reach this worker (registry record); default host
     ready_file: Path | None = None     # written with {"address": ...} once serving

@@ -56,6 +56,7 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
             "transport": settings.kv_transport_settings.model_dump(mode="json"),
             "gil_switch_interval_s": settings.kv_gil_switch_interval_s,
             "wake_name": new_wake_name() if settings.kv_quiet_steps else "",  # this engine's own
+            "queue_spin_s": settings.engine_queue_spin_s,
             "thread_cpus": settings.process_cpus,   # where its layer-wise reads run ("": every core)
             "store": settings.store.model_dump(mode="json") if settings.role == "prefill" else None,
             # The engine's worker process sets up its own tracing from this.

@@ -19,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from pdmesh.connector.engine_core_ext import install_scheduler_stats
 from pdmesh.connector.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
+from pdmesh.connector.queue_spin import default_spin_s, set_queue_spin
 from pdmesh.connector.quiet_steps import QuietSteps, install_quiet_steps
 from pdmesh.connector.scheduler_side import ConnectorScheduler
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
@@ -45,6 +46,8 @@ class PDMeshConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         configure_engine_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        spin_s = extra.get("queue_spin_s")
+        set_queue_spin(default_spin_s() if spin_s is None else float(spin_s))  # this engine process's queues
         block_size = vllm_config.cache_config.block_size
         kv_host = str(extra.get("kv_host", "127.0.0.1"))
         kv_port = int(extra.get("kv_port", 0))

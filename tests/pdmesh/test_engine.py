@@ -30,6 +30,19 @@ def test_an_advertised_host_and_port_replace_the_bound_ones():
     assert _advertised(extra, extra["kv_host"], extra["kv_port"]) == ("prefill", 9000)
 
 
+def test_the_engines_queue_spin_is_the_platforms_unless_set():
+    assert _extra()["queue_spin_s"] is None            # the connector picks: 0 on the CPU
+    assert _extra("--engine_queue_spin_s", "1")["queue_spin_s"] == 1.0
+
+
+def test_the_cpu_platforms_engines_sleep_on_their_queues():
+    from vllm.platforms import current_platform
+
+    from pdmesh.connector.queue_spin import default_spin_s
+    assert current_platform.is_cpu()
+    assert default_spin_s() == 0.0
+
+
 @pytest.fixture
 def engine_env(monkeypatch):
     """apply_cpu_env's variables, unset, and restored after the test."""
