@@ -2,10 +2,10 @@
 
 python -m bench.bench_gateway_memory [--rounds 8 --requests-per-round 4992 --streams 64]
 
-The soak's prompt mix (32 shared 192-token prefixes with suffixes, and singles up to 500 tokens),
-32 tokens each, one request in 64 with a cache salt of its own (the soak's probe tenant). Prints the
-gateway's PSS before the first request and after each round: a leak grows round after round, a
-warm-up only over the first.
+The soak's prompts (bench/soak.py: 32 shared 192-token prefixes with 3 suffixes each, and singles
+up to 500 tokens), 32 tokens each, one request in 64 with a cache salt of its own (the soak's probe
+tenant). Prints the gateway's PSS before the first request and after each round: a leak grows
+round after round, a warm-up only over the first.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import argparse
 import asyncio
 import itertools
 import json
-import random
 import tempfile
 import uuid
 from pathlib import Path
 
 import grpc
 
+from bench.fault_campaign.resources import pss_bytes
+from bench.fault_campaign.workload import campaign_prompts
 from bench.serve_systems import spawned
+from bench.soak import NUM_PREFIXES
 from pdmesh.client import make_request
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.transport.grpc_options import GRPC_OPTIONS
@@ -31,22 +33,11 @@ SALTED_EVERY = 64
 
 
 def pss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    raise ValueError(f"no Pss in /proc/{pid}/smaps_rollup")
-
-
-def soak_prompts(seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(1000) for _ in range(192)] for _ in range(32)]
-    shared = [prefix + [rng.randrange(1000) for _ in range(rng.randrange(1, 300))] for prefix in prefixes
-              for _ in range(2)]
-    return shared + [[rng.randrange(1000) for _ in range(rng.randrange(10, 500))] for _ in range(42)]
+    return pss_bytes(Path(f"/proc/{pid}")) / 2**20
 
 
 async def _rounds(address: str, pid: int, args) -> None:
-    prompts = soak_prompts()
+    prompts = campaign_prompts(num_prefixes=NUM_PREFIXES)
     next_index = itertools.count()
     async with grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)

@@ -60,7 +60,7 @@ def usage_by_group(pgids: set[int]) -> dict[int, ProcessUsage]:
             total = totals.get(_pgid_of(entry))
             if total is None:
                 continue
-            total[0] += _pss_bytes(entry)
+            total[0] += pss_bytes(entry)
             total[1] += len(os.listdir(entry / "fd"))
             total[2] += 1
     return {pgid: ProcessUsage(*total) for pgid, total in totals.items()}
@@ -71,7 +71,7 @@ def _pgid_of(proc_dir: Path) -> int:
     return int(stat[stat.rindex(")") + 2:].split()[2])   # fields after "(comm)": state, ppid, pgrp
 
 
-def _pss_bytes(proc_dir: Path) -> int:
+def pss_bytes(proc_dir: Path) -> int:
     for line in (proc_dir / "smaps_rollup").read_text().splitlines():
         if line.startswith("Pss:"):
             return int(line.split()[1]) * 1024
