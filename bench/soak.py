@@ -32,6 +32,9 @@ from pdmesh.models.tiny import ensure_llama
 # 32 prefixes: ~350 blocks of prompts against ~240 the two stores hold (device + DRAM + NVMe), so
 # the stores keep evicting; the NVMe tier's filesystem is larger than the tier (no disk-full here).
 NUM_PREFIXES = 32
+# The quiet checkpoint the end is compared with comes after this many requests: the gateway's memory
+# rises ~7% over its first requests, then stays flat (bench/bench_gateway_memory.py; REPORT, Soak).
+WARMUP_REQUESTS = 3_000
 SOAK_STORE_ARGS = ["--store.device_bytes", str(2 << 20), "--store.dram_bytes", str(4 << 20),
                    "--store.nvme_bytes", str(24 << 20), "--no-store.nvme_fsync"]
 
@@ -48,11 +51,13 @@ def soak_spec(model_dir: Path, run_dir: Path) -> MeshSpec:
 async def soak(spec: MeshSpec, seconds: float, num_streams: int, sample_every_s: float) -> SoakResult:
     workload = build_workload(spec.model_dir, fresh_dir(spec.run_dir / "reference"), num_prefixes=NUM_PREFIXES)
     with FaultMesh(spec) as mesh:
-        return await run_soak(mesh, workload, seconds, num_streams, sample_every_s=sample_every_s)
+        return await run_soak(mesh, workload, seconds, num_streams, sample_every_s=sample_every_s,
+                              warmup_requests=WARMUP_REQUESTS)
 
 
 def markdown(result: SoakResult) -> str:
-    lines = [f"{result.requests} requests over {result.seconds / 60:.0f} min on {result.num_streams} streams; "
+    lines = [f"{result.requests} requests over {result.seconds / 60:.0f} min on {result.num_streams} streams "
+             f"after a warm-up of {result.start.num_requests_ended} requests ({result.start.at_s / 60:.1f} min); "
              f"outcomes {result.outcomes}", "", "| check | passed | start -> end |", "|---|---|---|"]
     lines += [f"| {c.name} | {'yes' if c.passed else 'NO'} | {c.detail} |" for c in result.checks]
     lines += ["", f"Longest stretch with requests in flight and none ending: {result.longest_silence_s:.1f} s "

@@ -101,11 +101,14 @@ class SoakResult:
 
 
 async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_streams: int = 64,
-                   warmup_s: float = 30.0, sample_every_s: float = 10.0) -> SoakResult:
+                   warmup_s: float = 30.0, sample_every_s: float = 10.0, warmup_requests: int = 0) -> SoakResult:
+    """`seconds` of load after a warm-up of at least `warmup_s` and `warmup_requests` ended requests
+    (the latter given up on after `seconds`: a mesh that slow fails its checks anyway)."""
     result = SoakResult(seconds, num_streams)
     started = time.monotonic()
     async with mesh.stream_load(workload, num_streams) as load:
         await asyncio.sleep(warmup_s)
+        await _until_ended(load.results, warmup_requests, time.monotonic() + seconds)
         await load.pause()
         result.start, _ = await asyncio.to_thread(_quiet_sample, mesh, started, len(load.results))
         load.resume()
@@ -126,6 +129,11 @@ async def run_soak(mesh: FaultMesh, workload: Workload, seconds: float, num_stre
     silence_s, silence_from = longest_silence(load.results)
     result.longest_silence_s, result.longest_silence_from = round(silence_s, 1), _wall_clock(silence_from)
     return result
+
+
+async def _until_ended(results: list[RequestResult], num_requests: int, deadline: float) -> None:
+    while len(results) < num_requests and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
 
 
 def _failure(result: RequestResult) -> Failure:
