@@ -17,14 +17,15 @@ import argparse
 import asyncio
 import json
 import math
-import platform
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from bench.common import REPORT_DIR, RESULTS_DIR
 from bench.fault_campaign.mesh import FaultMesh, MeshSpec, add_run_arguments, fresh_dir
 from bench.fault_campaign.soak import SoakResult, run_soak
+from bench.fault_campaign.stamp import RunStamp, run_stamp
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama
@@ -101,11 +102,11 @@ def plot(result: SoakResult, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(result: SoakResult, out_dir: Path, settings: dict) -> None:
+def write_report(result: SoakResult, out_dir: Path, settings: dict, stamp: RunStamp) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "soak.json").write_text(json.dumps(
-        {"settings": settings, "machine": platform.platform(), "result": result.as_json()}, indent=2))
-    (out_dir / "soak.md").write_text(markdown(result))
+        {"settings": settings, "stamp": asdict(stamp), "result": result.as_json()}, indent=2))
+    (out_dir / "soak.md").write_text(f"Run {stamp.run_at} UTC on {stamp.code}, {stamp.machine}.\n\n{markdown(result)}")
     plot(result, out_dir / "soak.png")
 
 
@@ -116,12 +117,12 @@ def main() -> None:
     parser.add_argument("--sample-every-s", type=float, default=10.0)
     add_run_arguments(parser)
     args = parser.parse_args()
-    started = time.monotonic()
+    started, stamp = time.monotonic(), run_stamp()
     with tempfile.TemporaryDirectory(prefix="pdmesh-soak-") as run_dir:
         spec = soak_spec(ensure_llama(DEFAULT_MODEL_DIR), Path(args.run_dir or run_dir))
         result = asyncio.run(soak(spec, args.minutes * 60, args.streams, args.sample_every_s))
     settings = {**vars(args), "seconds": round(time.monotonic() - started)}
-    write_report(result, RESULTS_DIR if args.scratch else REPORT_DIR, settings)
+    write_report(result, RESULTS_DIR if args.scratch else REPORT_DIR, settings, stamp)
     print(markdown(result))
 
 
