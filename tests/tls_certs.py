@@ -1,5 +1,6 @@
-"""Throwaway PKI for TLS tests: a CA, a server and a client certificate signed by it, and an
-unrelated CA with a client certificate of its own. EC P-256 keys, valid 1 day, PEM files."""
+"""Throwaway PKI for TLS tests: a CA, a server and a client certificate signed by it, a server
+certificate of the same CA for another host, and an unrelated CA with a client certificate of its
+own. EC P-256 keys, valid 1 day, PEM files."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ class CertFiles:
     other_ca: Path
     other_client_cert: Path
     other_client_key: Path
+    elsewhere_cert: Path       # the mesh CA's, naming only ELSEWHERE_HOST (not 127.0.0.1 or localhost)
+    elsewhere_key: Path
+
+
+ELSEWHERE_HOST = "kv-elsewhere.mesh.internal"
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ def make_certs(directory: Path) -> CertFiles:
     server = _issue(ca, "pdmesh-worker", _server_extensions())
     client = _issue(ca, "pdmesh-gateway", _client_extensions())
     other_client = _issue(other_ca, "pdmesh-gateway", _client_extensions())
+    elsewhere = _issue(ca, "pdmesh-worker", _server_extensions([x509.DNSName(ELSEWHERE_HOST)]))
     return CertFiles(
         ca=_write_cert(directory / "ca.pem", ca),
         server_cert=_write_cert(directory / "server.pem", server),
@@ -48,7 +55,9 @@ def make_certs(directory: Path) -> CertFiles:
         client_key=_write_key(directory / "client.key", client),
         other_ca=_write_cert(directory / "other-ca.pem", other_ca),
         other_client_cert=_write_cert(directory / "other-client.pem", other_client),
-        other_client_key=_write_key(directory / "other-client.key", other_client))
+        other_client_key=_write_key(directory / "other-client.key", other_client),
+        elsewhere_cert=_write_cert(directory / "elsewhere.pem", elsewhere),
+        elsewhere_key=_write_key(directory / "elsewhere.key", elsewhere))
 
 
 def _make_ca(common_name: str) -> _Issued:
@@ -73,8 +82,8 @@ def _issue(issuer: _Issued, common_name: str, extensions: list[tuple[x509.Extens
     return _Issued(builder.sign(issuer.key, hashes.SHA256()), key)
 
 
-def _server_extensions() -> list[tuple[x509.ExtensionType, bool]]:
-    names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+def _server_extensions(names: list[x509.GeneralName] | None = None) -> list[tuple[x509.ExtensionType, bool]]:
+    names = names or [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
     return [(x509.SubjectAlternativeName(names), False),
             (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)]
 

@@ -155,3 +155,25 @@ def test_with_mesh_tls_only_peers_with_a_certificate_of_the_mesh_ca_get_in(held,
         for client in (*clients.values(), store):
             client.close()
         server.stop(0)
+
+
+def test_with_mesh_tls_a_consumer_refuses_a_producer_whose_certificate_names_another_host(held, certs,
+                                                                                         no_thread_leak):
+    """Whoever hands decode a KV address (a caller of Decode holding the mesh token), decode's dial
+    gets through only to a producer whose mesh-CA certificate names that address: gRPC checks the
+    name (no target-name override anywhere). A token alone would not stop this: whoever holds it can
+    also sign a registry record naming any address, so a registry check would add no barrier."""
+    peer_tls = TlsSettings(cert_file=certs.client_cert, key_file=certs.client_key, ca_file=certs.ca)
+    named_elsewhere = TlsSettings(cert_file=certs.elsewhere_cert, key_file=certs.elsewhere_key, ca_file=certs.ca)
+    impostor = _server(held, auth=MeshAuth(TOKEN, named_elsewhere))
+    control = _server(held, auth=MeshAuth(TOKEN, TlsSettings(cert_file=certs.server_cert, key_file=certs.server_key,
+                                                             ca_file=certs.ca)))
+    consumer = GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, peer_tls))
+    try:
+        assert consumer.handshake(control.address, ["grpc"], host_id()).transport == "grpc"
+        with pytest.raises((NoWorkerAvailable, WorkerFailed)):  # the certificate names another host: UNAVAILABLE
+            consumer.handshake(impostor.address, ["grpc"], host_id())
+    finally:
+        consumer.close()
+        impostor.stop(0)
+        control.stop(0)
