@@ -5,7 +5,7 @@ python -m bench.serve [--profile quick|full] [--systems vllm,pdmesh,...] [--work
 Each system is started fresh (bench/serve_systems.py), loaded with every workload point in turn by
 `vllm.benchmarks.serve` (a process per point, bench/serve_client.py), then stopped. Writes
 bench/report/serve.json (every point's metrics), bench/report/serve_*.png (latency and goodput vs
-load per workload) and the generated tables of bench/REPORT.md. Goodput is DistServe's: requests
+load per workload) and their tables (bench/report/serve_tables.md). Goodput is DistServe's: requests
 per second meeting TTFT and TPOT SLOs (`--goodput`), and the highest offered rate at which >= 90% do.
 """
 
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default="", help="comma-separated subset of the profile's workloads")
     parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
     parser.add_argument("--out", default=str(REPORT_DIR), help="folder for serve.json, PNGs")
-    parser.add_argument("--report", default=str(REPORT_DIR.parent / "REPORT.md"),
-                        help="the report whose generated tables are rewritten ('' = none)")
+    parser.add_argument("--report", default=str(REPORT_DIR / "serve_tables.md"),
+                        help="the file (beside the plots) whose generated tables are rewritten ('' = none)")
     parser.add_argument("--point-timeout-s", type=float, default=900.0)
     parser.add_argument("--replot", action="store_true",
                         help="run nothing: rewrite the plots and the report's tables from the profile's JSON")

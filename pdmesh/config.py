@@ -216,7 +216,7 @@ class WorkerSettings(_LayeredSettings):
     # Mooncake Transfer Engine is off unless this names the worker's address on a data network only the
     # mesh's workers reach (an RDMA fabric, a dedicated VLAN): its port serves reads and writes of the
     # registered KV memory to any peer, without credentials, and listens on every interface whatever
-    # host it is given (the pinned wheel; README, Known limits). Peers dial the engine at this host.
+    # host it is given (the pinned wheel; docs/limits.md). Peers dial the engine at this host.
     mooncake_host: str | None = None
     mooncake_protocol: str = "tcp"     # "rdma" where the host has RDMA NICs; "ascend" with the NPU wheel
     mooncake_device: str = ""          # the engine's device filter (RDMA NIC or NPU names), "" for all

@@ -1,6 +1,6 @@
 """What the pinned Mooncake wheel's port lets any peer do (issue 30, item 1), shown against the real
 engine from another connection with crafted requests: why pdmesh keeps Mooncake off unless the
-operator names an isolated data network (--mooncake_host), and what README's Known limits say.
+operator names an isolated data network (--mooncake_host), and what docs/limits.md says.
 
 - The handshake daemon tells anyone the registered buffers' addresses.
 - Any peer reads and WRITES registered memory (a KV cache: other users' KV, or poisoned KV that the
