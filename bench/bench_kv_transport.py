@@ -46,7 +46,7 @@ def _worker(model_dir: Path, is_producer: bool, transport: str, num_blocks: int)
     import torch
 
     from pdmesh.config import KVTransportSettings, TelemetrySettings
-    from pdmesh.connector.worker_side import ConnectorWorker
+    from worker.worker_side import ConnectorWorker
 
     worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=is_producer,
                              kv_host="127.0.0.1", kv_port=0, hold_timeout_s=3600, pull_timeout_s=60,
@@ -59,7 +59,8 @@ def _worker(model_dir: Path, is_producer: bool, transport: str, num_blocks: int)
 
 # ---- the producer process ----
 def serve(spec_path: Path) -> None:
-    from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask
+    from pdmesh.kv.tasks import SendTask
+    from worker.metadata import PDMeshConnectorMetadata
 
     spec = json.loads(spec_path.read_text())
     os.sched_setaffinity(0, {0})
@@ -78,7 +79,7 @@ def serve(spec_path: Path) -> None:
 def _read(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) -> float:
     """Seconds of one read through the consumer's transport, as decode's pull does it: from the
     start of the pull to the request reported received (the release follows, off its path)."""
-    from pdmesh.connector.metadata import RecvTask
+    from pdmesh.kv.tasks import RecvTask
 
     task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
                     kv_address=address, block_indexes=list(range(num_blocks)),

@@ -40,7 +40,7 @@ def _worker(model_dir: Path, transport: str, num_blocks: int, store_bytes: int, 
     import torch
 
     from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
-    from pdmesh.connector.worker_side import ConnectorWorker
+    from worker.worker_side import ConnectorWorker
 
     store = StoreSettings(device_bytes=0, dram_bytes=store_bytes, nvme_bytes=0, export_bytes=store_bytes,
                           fetch_timeout_s=60) if is_producer else None
@@ -55,7 +55,8 @@ def _worker(model_dir: Path, transport: str, num_blocks: int, store_bytes: int, 
 
 # ---- the holder process ----
 def serve(spec_path: Path) -> None:
-    from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask
+    from pdmesh.kv.tasks import SendTask
+    from worker.metadata import PDMeshConnectorMetadata
 
     spec = json.loads(spec_path.read_text())
     os.sched_setaffinity(0, {0})
@@ -71,7 +72,7 @@ def serve(spec_path: Path) -> None:
 
 # ---- this process ----
 def _load_seconds(loader, node: str, num_blocks: int, salt: int) -> float:
-    from pdmesh.connector.metadata import StoreLoadTask
+    from pdmesh.kv.tasks import StoreLoadTask
 
     task = StoreLoadTask(request_id="r", pdmesh_request_id="r", token_ids=_tokens(num_blocks, salt), extra_key=b"",
                          block_indexes=list(range(num_blocks)), local_block_ids=list(range(num_blocks)),
@@ -83,7 +84,7 @@ def _load_seconds(loader, node: str, num_blocks: int, salt: int) -> float:
 
 
 def _pull_seconds(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) -> float:
-    from pdmesh.connector.metadata import RecvTask
+    from pdmesh.kv.tasks import RecvTask
 
     task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
                     kv_address=address, block_indexes=list(range(num_blocks)),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdmesh.config import EngineSettings
-from pdmesh.engine import free_port
+from worker.engine import free_port
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from decode.servicer import DecodeServicer
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from pdmesh.worker_runtime import worker_main
+from worker.runtime import worker_main
 
 
 def add_servicer(server, engine, info, metrics) -> None:

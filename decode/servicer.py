@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 
 from pdmesh.compat import check_readable, tp_size
-from pdmesh.connector.params import REQUEST_STATS, decode_params
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.kv.params import REQUEST_STATS, decode_params
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
-from pdmesh.validation import check_prompt, check_sampling
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from pdmesh.validation import check_prompt, check_sampling
 
 logger = logging.getLogger(__name__)
 

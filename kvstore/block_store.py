@@ -31,7 +31,7 @@ import numpy as np
 from kvstore.block_key import BlockKey
 from kvstore.store_events import BlockDropped, BlockPlaced, StoreEvent, StoreListener
 from kvstore.tier import BlockTier, Payload
-from pdmesh.transport.checksum import block_checksum
+from pdmesh.kv.checksum import block_checksum
 
 logger = logging.getLogger(__name__)
 

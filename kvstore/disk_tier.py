@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from kvstore.block_hash import HASH_NBYTES
 from kvstore.block_key import BlockKey
 from kvstore.tier import FreeSlots, check_rows, contiguous_runs
 from kvstore.tier_dir import check_own_files, lock_directory, make_private_dir, open_private, remove_own_files, unlock
+from pdmesh.kv.block_hash import HASH_NBYTES
 
 logger = logging.getLogger(__name__)
 

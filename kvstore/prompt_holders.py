@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvstore.block_hash import chain_block_hashes
 from kvstore.redis_index import RedisBlockIndex
+from pdmesh.kv.block_hash import chain_block_hashes
 
 
 def salt_key(cache_salt: str) -> bytes:

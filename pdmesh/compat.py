@@ -11,7 +11,7 @@ from pdmesh.v1 import common_pb2
 from pdmesh.weights_digest import weights_digest
 
 # Bump when the byte layout of a block on the wire changes, or how blocks are named
-# (kvstore/block_hash.py): the fingerprint seeds every block name and namespaces the Redis index,
+# (pdmesh/kv/block_hash.py): the fingerprint seeds every block name and namespaces the Redis index,
 # so engines of two versions neither share names nor pass each other's handshake. 2: SHA-256 names.
 LAYOUT_VERSION = 2
 _SHARED_FIELDS = ("model_fingerprint", "dtype", "block_size", "layout", "num_layers")  # whatever the ranks

@@ -238,10 +238,10 @@ class WorkerSettings(_LayeredSettings):
     kv_gil_switch_interval_s: float | None = None
     # Engine steps skip the model workers while every request waits for its KV and no transfer has finished
     # (the workers say when one has): vLLM would step them once a millisecond for as long as a request waits,
-    # which the layer-wise flow makes as long as prefill (pdmesh/connector/quiet_steps.py).
+    # which the layer-wise flow makes as long as prefill (worker/vllm_ext/quiet_steps.py).
     kv_quiet_steps: bool = True
     # How long vLLM's queues between the engine core and its model workers busy-poll after each message
-    # before they sleep on a socket (pdmesh/connector/queue_spin.py); None: 0 on the CPU, where the spin
+    # before they sleep on a socket (worker/vllm_ext/queue_spin.py); None: 0 on the CPU, where the spin
     # takes the cores the model computes on (engines sharing cores starved each other for seconds:
     # bench/REPORT.md, Soak), vLLM's own 1 s on accelerators.
     engine_queue_spin_s: float | None = None

@@ -1,8 +1,8 @@
 """python -m prefill [--port N --engine.model DIR ...]: a prefill worker process."""
 
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from pdmesh.worker_runtime import worker_main
 from prefill.servicer import PrefillServicer
+from worker.runtime import worker_main
 
 
 def add_servicer(server, engine, info, metrics) -> None:

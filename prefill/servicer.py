@@ -6,17 +6,16 @@ import asyncio
 import logging
 
 from pdmesh.background import BackgroundTasks
-from pdmesh.connector.params import LOADED_FROM_STORE, REQUEST_STATS, handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.kv.params import LOADED_FROM_STORE, REQUEST_STATS, handle_from_params, prefill_params
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
-from pdmesh.validation import check_prompt, check_sampling_values, check_transfer_id
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from pdmesh.validation import check_prompt, check_sampling_values, check_transfer_id
 from prefill.used_transfer_ids import UsedTransferIds
-
 
 logger = logging.getLogger(__name__)
 GREEDY = common_pb2.SamplingParams(max_tokens=1, temperature=0.0)

@@ -15,8 +15,8 @@ import grpc
 import numpy as np
 
 from pdmesh.errors import ChecksumMismatch, InvalidRequest, WorkerFailed
+from pdmesh.kv.checksum import block_checksum
 from pdmesh.status_map import error_from_rpc_error
-from pdmesh.transport.checksum import block_checksum
 from pdmesh.v1 import kv_transfer_pb2
 
 DEFAULT_CHUNK_NBYTES = 1 << 20  # 1 MiB: below gRPC's 4 MiB default, and faster than 4 MiB here

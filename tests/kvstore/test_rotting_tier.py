@@ -8,8 +8,8 @@ from kvstore.block_store import TieredBlockStore
 from kvstore.disk_tier import DiskTier
 from kvstore.rotting_tier import RottingTier
 from kvstore.slab_tier import device_tier, host_tier
+from kvstore.store_agent import build_tiers
 from pdmesh.config import StoreSettings
-from pdmesh.connector.store_agent import build_tiers
 from tests.kvstore.factories import BLOCK_NBYTES, keys, payload
 
 

@@ -20,7 +20,7 @@ from collections import Counter
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2
 

@@ -4,12 +4,12 @@ import grpc
 import numpy as np
 import pytest
 
+from decode.kv.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.errors import ChecksumMismatch, Incompatible, InvalidRequest, TransferNotFound
 from pdmesh.transport.chunking import iter_block_chunks
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.v1 import common_pb2
+from prefill.kv.grpc_kv_server import GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
 
 BLOCK_NBYTES = 3 * 1024 * 1024 + 5  # spans four 1 MiB chunks
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",

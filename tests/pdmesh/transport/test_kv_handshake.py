@@ -4,8 +4,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.tls_certs import make_certs
-
+from decode.kv.grpc_kv_receiver import GrpcKVReceiver
 from kvstore.block_key import BlockKey
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
@@ -13,14 +12,14 @@ from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import host_tier
 from pdmesh.config import TlsSettings
 from pdmesh.errors import Incompatible, NoWorkerAvailable, TransferNotFound, Unauthenticated, WorkerFailed
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.kv.kv_layout import LayerRegion
 from pdmesh.transport.host_id import host_id
-from pdmesh.transport.kv_layout import LayerRegion
 from pdmesh.transport.mesh_auth import MeshAuth
-from pdmesh.transport.shm.exporter import ShmKVExporter
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
+from prefill.kv.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
+from prefill.kv.shm_exporter import ShmKVExporter
+from tests.tls_certs import make_certs
 
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
                                num_layers=1, block_nbytes=64)

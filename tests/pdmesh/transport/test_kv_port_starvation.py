@@ -14,19 +14,19 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from decode.kv.grpc_kv_reader import GrpcKVReader
+from decode.kv.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_links import KVLinks
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import host_tier
 from pdmesh.errors import DeadlineExceeded, TransferNotFound
-from pdmesh.transport.grpc_kv_reader import GrpcKVReader
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import KV_PORT_BUDGETS, ExtraService, GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
-from pdmesh.transport.kv_links import KVLinks
-from pdmesh.transport.layer_progress import LayerProgress
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
+from prefill.kv.grpc_kv_server import KV_PORT_BUDGETS, ExtraService, GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
+from prefill.kv.layer_progress import LayerProgress
 from tests.pdmesh.blackhole import blackholed_address
 from tests.pdmesh.transport.kv_port_attackers import KVPortAttackers
 

@@ -7,13 +7,13 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from decode.kv.grpc_kv_receiver import GrpcKVReceiver
 from pdmesh.errors import InvalidRequest, TransferNotFound
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
-from pdmesh.transport.layer_progress import LayerProgress
 from pdmesh.transport.chunking import rows_of
 from pdmesh.v1 import common_pb2
+from prefill.kv.grpc_kv_server import GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
+from prefill.kv.layer_progress import LayerProgress
 
 NUM_LAYERS, LAYER_NBYTES = 4, 256
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
