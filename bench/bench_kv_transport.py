@@ -68,9 +68,9 @@ def serve(spec_path: Path) -> None:
     sends = [SendTask(transfer_id, list(range(num_blocks)), _tokens(num_blocks, salt))
              for transfer_id, num_blocks, salt in spec["transfers"]]
     worker.start_tasks(PDMeshConnectorMetadata(sends=sends))
-    engine = worker._exporters[-1]._engine if worker._exporters else None
+    engine = worker.producer.exporters[-1]._engine if worker.producer.exporters else None
     regions = worker._paged.regions()
-    serve_until_released(spec, {"address": worker._server.address, "session": engine.session if engine else "",
+    serve_until_released(spec, {"address": worker.producer.server.address, "session": engine.session if engine else "",
                                 "bases": [r.base for r in regions]})
     worker.shutdown()
 
@@ -84,7 +84,7 @@ def _read(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) 
     task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
                     kv_address=address, block_indexes=list(range(num_blocks)),
                     local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt))
-    consumer._receive(task)
+    consumer.consumer._receive(task)
     stats = consumer._stats_pending.pop(transfer_id)
     seconds = stats["seconds"]
     consumer._done_recving.discard(transfer_id)
@@ -139,7 +139,7 @@ def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
         consumer, _ = _worker(work, False, transport, max_blocks)
         try:
             if transport == "mooncake":
-                engine = consumer._links_for((0, 1))._readers["mooncake"]._engine
+                engine = consumer.consumer.links_for((0, 1))._readers["mooncake"]._engine
                 local = [r.base for r in consumer._paged.regions()]
                 for size in sizes:
                     results["raw_te_gbps"][size] = _raw_te_gbps(engine, served["session"], served["bases"], local,

@@ -66,7 +66,7 @@ def serve(spec_path: Path) -> None:
                                                                    _tokens(num_blocks, salt))]))
         if not worker.saver.flush(timeout_s=300):
             raise RuntimeError("the store did not save the prompts")
-    serve_until_released(spec, {"address": worker._server.address, "blocks": worker.store.store.num_blocks})
+    serve_until_released(spec, {"address": worker.producer.server.address, "blocks": worker.store.store.num_blocks})
     worker.shutdown()
 
 
@@ -89,7 +89,7 @@ def _pull_seconds(consumer, address: str, transfer_id: str, num_blocks: int, sal
     task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
                     kv_address=address, block_indexes=list(range(num_blocks)),
                     local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt), report_done=False)
-    stats = consumer._receive_traced(task, _NoSpan())
+    stats = consumer.consumer._receive_traced(task, _NoSpan())
     if stats.num_blocks != num_blocks:
         raise RuntimeError(f"{transfer_id}: {stats.num_blocks} of {num_blocks} blocks landed")
     return stats.seconds

@@ -268,6 +268,10 @@ class StoreAgent:
             self._totals["remote_blocks"] += stats.tokens_by_tier.get(REMOTE, 0) // self._block_size
             self._totals["loads_cut"] += int(stats.cut)
 
+    def spill(self, tier: str) -> int | None:
+        """Blocks moved down into `tier` (a drain before a restart); None when the store has no such tier."""
+        return self.store.spill(tier) if tier in self.store.tier_names else None
+
     def counters(self) -> dict:
         """Field names of pdmesh.v1.WorkerStats."""
         with self._lock:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pdmesh.errors import InvalidRequest
-from pdmesh.kv.kv_layout import LayerRegion, block_checksums, row_checksums
+from pdmesh.kv.kv_layout import WHOLE, LayerRegion, block_checksums, row_checksums
 from pdmesh.transport.shm import segments
 
 
@@ -30,7 +30,6 @@ class _LayerView:
     block_nbytes: int
 
 
-WHOLE = (0, 1)  # head_slice (j, k): the j-th of k equal head ranges of each piece; WHOLE: every head
 
 
 class PagedKVCache:

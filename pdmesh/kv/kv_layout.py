@@ -19,6 +19,8 @@ import xxhash
 
 from pdmesh.v1 import kv_transfer_pb2
 
+WHOLE = (0, 1)  # head_slice (j, k): the j-th of k equal head ranges of each piece; WHOLE: every head
+
 
 @dataclass(frozen=True)
 class LayerRegion:

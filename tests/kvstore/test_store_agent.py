@@ -108,7 +108,7 @@ def test_a_finished_prompt_is_copied_out_once_and_unpinned_before_the_store_writ
     a.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
     assert writing.wait(10)  # copied out; the write has not happened yet
     a.caches["l0"][5].zero_()  # vLLM reuses the block once decode released it
-    a.held.release("p-1")
+    a.producer.held.release("p-1")
     assert a.get_finished() == ({"p-1"}, None)  # decode's release alone frees the blocks: no lease left
     assert (a.counters()["num_held_transfers"], a.counters()["kv_store_saves_pending"]) == (0, 1)  # still writing
     may_write.set()
@@ -165,7 +165,7 @@ def test_blocks_load_back_locally_and_from_another_node(nodes):
 def test_the_lookup_sees_local_then_remote_blocks(producers):
     a, b = producers
     _save(a, [5, 2, 7])
-    lookup = StoreLookup(b._server.address, BLOCK_SIZE, timeout_s=5)
+    lookup = StoreLookup(b.producer.server.address, BLOCK_SIZE, timeout_s=5)
     assert lookup.nodes_of_cached_prefix(TOKENS, b"") == [a.store.index.node] * 2
     assert lookup.nodes_of_cached_prefix(TOKENS[:64], b"") == [a.store.index.node]  # last token is computed
     assert lookup.nodes_of_cached_prefix(TOKENS, b"tenant-x") == []
@@ -234,9 +234,9 @@ def test_a_node_that_sends_another_block_than_asked_keeps_the_prefix_before_it(n
 def test_an_export_is_read_by_its_transfer_id_only_and_freed_at_its_deadline(producers):
     a, b = producers
     _save(a, [5, 2, 7])
-    a._servicer._wait_timeout_s = 0.2
+    a.producer.servicer._wait_timeout_s = 0.2
     exported = a.store.exports.export(_keys(a)).transfer
-    control, address = b.store._links.control, a._server.address
+    control, address = b.store._links.control, a.producer.server.address
     with pytest.raises(TransferNotFound):
         control.open(address, "guessed", [0], "grpc")
     assert not control.release_soon(address, "guessed").result().released

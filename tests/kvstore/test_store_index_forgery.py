@@ -53,7 +53,7 @@ def test_a_forged_index_entry_never_becomes_a_node_to_load_from(producers, redis
                       mapping={"node": ATTACKER, "tier": "dram", "nbytes": BLOCK_NBYTES, "checksum": 0,
                                "last_use": 1.0, "sig": "0" * 64})
     attacker.close()
-    lookup = StoreLookup(b._server.address, BLOCK_SIZE, timeout_s=5, auth=MeshAuth(TOKEN))
+    lookup = StoreLookup(b.producer.server.address, BLOCK_SIZE, timeout_s=5, auth=MeshAuth(TOKEN))
     assert lookup.nodes_of_cached_prefix(PROMPT, b"") == [a.store.index.node] * 2
     lookup.close()
     assert (b.store.index.num_rejected, b.store.index.num_errors) == (2, 0)

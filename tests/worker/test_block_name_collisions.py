@@ -61,7 +61,7 @@ def test_a_local_load_of_a_colliding_prompt_writes_nothing(colliding_nodes):
 
 def test_another_node_is_planned_by_name_but_exports_nothing_for_a_colliding_prompt(colliding_nodes):
     a, b = colliding_nodes
-    lookup = StoreLookup(b._server.address, BLOCK_SIZE, timeout_s=5)
+    lookup = StoreLookup(b.producer.server.address, BLOCK_SIZE, timeout_s=5)
     try:
         assert lookup.nodes_of_cached_prefix(OTHER_TOKENS, b"") == [a.store.index.node] * 2   # the index: names
     finally:

@@ -55,13 +55,13 @@ def pair(request, model_dir, no_thread_leak):
 def _recv_task(producer: ConnectorWorker, local_block_ids: list[int], mesh_id: str = "mesh-1",
                transfer_id: str = "p-1") -> RecvTask:
     return RecvTask(request_id="d-1", pdmesh_request_id=mesh_id, transfer_id=transfer_id,
-                    kv_address=producer._server.address, block_indexes=[0, 1, 2],
+                    kv_address=producer.producer.server.address, block_indexes=[0, 1, 2],
                     local_block_ids=local_block_ids, token_ids=TOKENS)
 
 
 def _finish(worker: ConnectorWorker, meta: PDMeshConnectorMetadata) -> None:
     worker.start_tasks(meta)
-    worker._pool.shutdown(wait=True)  # let the pull finish before asserting
+    worker.consumer.pool.shutdown(wait=True)  # let the pull finish before asserting
 
 
 def _same(consumer, producer, local: int, remote: int) -> bool:
@@ -91,7 +91,7 @@ def test_runs_of_contiguous_blocks_and_kv_split_layouts_move_too(model_dir, no_t
     try:
         producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [1, 2, 3, 4, 0], tokens)]))
         task = RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1",
-                        kv_address=producer._server.address, block_indexes=[0, 1, 2, 3, 4],
+                        kv_address=producer.producer.server.address, block_indexes=[0, 1, 2, 3, 4],
                         local_block_ids=[3, 4, 5, 6, 1], token_ids=tokens)
         _finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
         assert consumer.take_failed_block_ids() == set()
@@ -111,7 +111,7 @@ def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_produce
     producer, consumer, _ = pair
     step = LayerwiseStep("lw-1", "mesh-1", [5, 2, 7], 0, len(TOKENS), prompt_token_ids=TOKENS)
     consumer.start_tasks(PDMeshConnectorMetadata(recvs=[RecvTask(
-        request_id="d-1", pdmesh_request_id="mesh-1", transfer_id="lw-1", kv_address=producer._server.address,
+        request_id="d-1", pdmesh_request_id="mesh-1", transfer_id="lw-1", kv_address=producer.producer.server.address,
         block_indexes=[0, 1, 2], local_block_ids=[1, 2, 3], token_ids=TOKENS, layerwise=True)]))
     producer.start_tasks(PDMeshConnectorMetadata(layerwise_steps=[step]))
     for name in producer.caches:
@@ -122,13 +122,13 @@ def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_produce
         time.sleep(0.01)
     assert received == {"d-1"} and consumer.take_failed_block_ids() == set()
     assert all(_same(consumer, producer, local, remote) for local, remote in [(1, 5), (2, 2), (3, 7)])
-    consumer._layerwise_pool.shutdown(wait=True)  # its release is sent
+    consumer.consumer._layerwise_pool.shutdown(wait=True)  # its release is sent
     wait_until = time.monotonic() + 5
-    while not producer.held._released_early and time.monotonic() < wait_until:
+    while not producer.producer.held._released_early and time.monotonic() < wait_until:
         time.sleep(0.01)
     producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("lw-1", [5, 2, 7], TOKENS,
                                                                  engine_request_id="p-1")]))
-    assert (producer.held.num_held, producer.get_finished()[0]) == (0, {"p-1"})
+    assert (producer.producer.held.num_held, producer.get_finished()[0]) == (0, {"p-1"})
 
 
 def _widened() -> set[int]:
@@ -167,12 +167,12 @@ def test_a_layerwise_transfer_freed_before_vllms_batch_update_publishes_nothing(
     try:
         step = LayerwiseStep("lw-2", "mesh-2", [5, 2, 7], 0, len(TOKENS), prompt_token_ids=TOKENS)
         producer.start_tasks(PDMeshConnectorMetadata(layerwise_steps=[step]))
-        restarts = producer.progress.restarts("lw-2")
+        restarts = producer.producer.progress.restarts("lw-2")
         producer.end_freed_transfers(PDMeshConnectorMetadata(layerwise_ended=["lw-2"]))
-        producer._publish_written(step, restarts)  # the job, finishing late
-        assert producer.progress.written_transfer("lw-2") is None
+        producer.producer._publish_written(step, restarts)  # the job, finishing late
+        assert producer.producer.progress.written_transfer("lw-2") is None
         with pytest.raises(TransferNotFound):
-            producer.progress.watch("lw-2", 0, wait_s=0)
+            producer.producer.progress.watch("lw-2", 0, wait_s=0)
     finally:
         producer.shutdown()
 
@@ -195,8 +195,8 @@ def test_a_release_the_producer_does_not_answer_holds_the_transfer_thread_a_mome
     worker) keeps the thread about a second, not until its timeout."""
     producer, consumer, _ = pair
     answer = threading.Event()
-    release = producer.held.release
-    monkeypatch.setattr(producer.held, "release", lambda transfer_id: answer.wait(30) and release(transfer_id))
+    release = producer.producer.held.release
+    monkeypatch.setattr(producer.producer.held, "release", lambda transfer_id: answer.wait(30) and release(transfer_id))
     producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS, engine_request_id="e-1")]))
     started = time.monotonic()
     try:
@@ -250,7 +250,7 @@ class _BreaksAfterOneBlock:
 
 def test_a_read_that_breaks_part_way_keeps_the_prefix_and_reports_the_rest(pair):
     producer, consumer, transport = pair
-    links = consumer._links_for((0, 1))
+    links = consumer.consumer.links_for((0, 1))
     links._readers[transport] = _BreaksAfterOneBlock(links._readers[transport])
     producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
     _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
@@ -264,7 +264,7 @@ def test_a_read_that_breaks_part_way_keeps_the_prefix_and_reports_the_rest(pair)
 
 def test_a_guessed_transfer_id_reads_nothing(pair):
     producer, consumer, _ = pair
-    producer._servicer._wait_timeout_s = 0.2
+    producer.producer.servicer._wait_timeout_s = 0.2
     producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
     _finish(consumer, PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6], transfer_id="p-2")]))
     assert consumer.take_failed_block_ids() == {1, 4, 6}
@@ -300,7 +300,7 @@ def _consumer(model_dir, shape, transport: str = "auto", tp_rank: int = 0, tp_si
 
 
 def _tp_recv(producer: ConnectorWorker, tp_size: int, local_block_ids: list[int]) -> RecvTask:
-    return RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1", kv_address=producer._server.address,
+    return RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1", kv_address=producer.producer.server.address,
                     block_indexes=[0, 1, 2], local_block_ids=local_block_ids, token_ids=TOKENS,
                     producer_tp_size=tp_size)
 
@@ -312,8 +312,8 @@ def test_each_tensor_parallel_rank_serves_on_its_own_port_and_reads_its_peer_ran
     workers = _ranks(model_dir, 2, shape)
     consumer = _consumer(model_dir, shape, tp_rank=1, tp_size=2)
     try:
-        base = int(workers[0]._server.address.rsplit(":", 1)[1])
-        assert workers[1]._server.address == f"127.0.0.1:{base + 1}"
+        base = int(workers[0].producer.server.address.rsplit(":", 1)[1])
+        assert workers[1].producer.server.address == f"127.0.0.1:{base + 1}"
         for worker in workers:
             worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
         _finish(consumer, PDMeshConnectorMetadata(recvs=[_tp_recv(workers[0], 2, [1, 4, 6])]))
@@ -384,7 +384,7 @@ def test_a_handle_whose_ranks_do_not_divide_is_recomputed_not_left_waiting(model
     try:
         task = RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1", kv_address="127.0.0.1:1",
                         block_indexes=[0, 1], local_block_ids=[3, 4], token_ids=TOKENS[:64], producer_tp_size=3)
-        consumer._receive(task)
+        consumer.consumer._receive(task)
         assert consumer.get_finished() == (None, {"d-1"})
         assert consumer.take_failed_block_ids() == {3, 4}
     finally:
@@ -400,7 +400,7 @@ def test_a_read_of_a_minted_transfer_that_arrives_before_its_hold_waits_for_it(p
     consumer.start_tasks(PDMeshConnectorMetadata(recvs=[_recv_task(producer, [1, 4, 6])]))
     time.sleep(0.2)  # the consumer's read is at the producer, waiting
     producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
-    consumer._pool.shutdown(wait=True)
+    consumer.consumer.pool.shutdown(wait=True)
     assert consumer.take_failed_block_ids() == set()
     assert all(_same(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))
 
@@ -431,7 +431,7 @@ def test_pulls_from_a_producer_that_never_answers_leave_threads_for_the_others(m
                 received |= consumer.get_finished()[1] or set()
                 time.sleep(0.01)
             took = time.monotonic() - started
-            consumer._pool.shutdown(wait=True)  # the dead producer's reads time out
+            consumer.consumer.pool.shutdown(wait=True)  # the dead producer's reads time out
         assert received == {"d-1"} and took < 1.0, f"{sorted(received)} after {took:.2f} s"
         assert consumer.take_failed_block_ids() == {0, 2}
         assert all(_same(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))

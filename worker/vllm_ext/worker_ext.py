@@ -13,24 +13,15 @@ class PDMeshWorkerExtension:
 
     def pdmesh_store_spill(self, tier: str) -> int | None:
         """Blocks moved down into `tier`; None without a store or such a tier."""
-        store = _connector_worker().store
-        if store is None or tier not in store.store.tier_names:
-            return None
-        return store.store.spill(tier)
+        return _connector_worker().spill_store(tier)
 
     def pdmesh_release_request(self, request_id: str) -> int:
         """Frees the KV a cancelled prefill request holds (or will hold once the engine registers it)."""
-        worker = _connector_worker()
-        if worker.progress is not None:
-            worker.progress.end_request(request_id)  # layer-wise readers stop
-        return worker.held.release_request(request_id)
+        return _connector_worker().release_request(request_id)
 
     def pdmesh_release_transfer(self, transfer_id: str) -> bool:
         """Frees a transfer no decode will pull (the gateway's release, through the Prefill service)."""
-        worker = _connector_worker()
-        if worker.progress is not None:
-            worker.progress.end(transfer_id)
-        return worker.held.release(transfer_id)
+        return _connector_worker().release_transfer(transfer_id)
 
     def pdmesh_freeze_gc(self) -> tuple[int, float]:
         """Freezes the worker's start-up heap (pdmesh/gc_heap.py): (objects frozen, seconds the full
