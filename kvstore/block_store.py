@@ -31,6 +31,7 @@ import numpy as np
 from kvstore.block_key import BlockKey
 from kvstore.store_events import BlockDropped, BlockPlaced, StoreEvent, StoreListener
 from kvstore.tier import BlockTier, Payload
+from kvstore.tier_io import as_rows, read_placed
 from pdmesh.kv.checksum import block_checksum
 
 logger = logging.getLogger(__name__)
@@ -143,13 +144,13 @@ class TieredBlockStore:
     # ---- writes ----
     def put(self, key: BlockKey, payload: Payload) -> bool:
         """Stores a block in the first tier (True), or keeps the copy it has; False when out of space."""
-        return self.put_many([key], _as_rows([payload], self.block_nbytes)) == 1
+        return self.put_many([key], as_rows([payload], self.block_nbytes)) == 1
 
     def put_many(self, keys: Sequence[BlockKey], rows: np.ndarray) -> int:
         """Stores row i of `rows` ((n, block_nbytes) uint8) under keys[i] in the first tier, keeping
         the copies it has. Returns how many leading keys it holds now: it stops at a hash collision
         or when out of space (every slot pinned)."""
-        rows = _as_rows(rows, self.block_nbytes)
+        rows = as_rows(rows, self.block_nbytes)
         checksums = [block_checksum(row) for row in rows]
         work = _Work()
         with self._lock:
@@ -193,7 +194,7 @@ class TieredBlockStore:
                 entries.append(entry)
             placed = [(entry.tier, entry.handle, entry.pending) for entry in entries]
         rows = np.empty((len(entries), self.block_nbytes), dtype=np.uint8) if out is None else out[:len(entries)]
-        readable = self._read_into(placed, rows)
+        readable = read_placed(self._tiers, placed, rows)
         intact = [ok and block_checksum(row) == entry.checksum for ok, row, entry in zip(readable, rows, entries)]
         num_good = intact.index(False) if False in intact else len(entries)
         work = _Work()
@@ -282,7 +283,7 @@ class TieredBlockStore:
         if not entries:
             return
         rows = np.empty((len(entries), self.block_nbytes), dtype=np.uint8)
-        readable = self._read_into([(e.tier, e.handle, e.pending) for e in entries], rows)
+        readable = read_placed(self._tiers, [(e.tier, e.handle, e.pending) for e in entries], rows)
         for entry in entries:
             self._detach(entry)
         moving = [i for i, ok in enumerate(readable) if ok]
@@ -366,32 +367,6 @@ class TieredBlockStore:
                 self._lru[index][key.block_hash] = None
 
     # ---- without the lock ----
-    def _read_into(self, placed: list[tuple[int, object, np.ndarray | None]], out: np.ndarray) -> list[bool]:
-        """Reads (tier, handle, pending row) i into out[i], one batched read per tier; False where
-        the medium failed."""
-        readable = [True] * len(placed)
-        by_tier: dict[int, list[int]] = {}
-        for i, (tier, _, pending) in enumerate(placed):
-            if pending is not None:
-                out[i] = pending
-            else:
-                by_tier.setdefault(tier, []).append(i)
-        for tier, positions in by_tier.items():
-            handles = [placed[i][1] for i in positions]
-            contiguous = positions[-1] - positions[0] + 1 == len(positions)
-            dest = out[positions[0]:positions[-1] + 1] if contiguous else np.empty((len(positions), self.block_nbytes),
-                                                                                    dtype=np.uint8)
-            try:
-                self._tiers[tier].read_many(handles, dest)
-            except (OSError, ValueError) as exc:
-                logger.warning("reading %d blocks from %s failed: %s", len(handles), self._tiers[tier].name, exc)
-                for i in positions:
-                    readable[i] = False
-                continue
-            if not contiguous:
-                out[positions] = dest
-        return readable
-
     def _finish(self, work: _Work) -> None:
         """Writes the slow tiers' batches, unpins them (dropping what failed to write), then tells
         the listener."""
@@ -420,13 +395,3 @@ class TieredBlockStore:
                 self._listener.on_events(events)
             except Exception:  # noqa: BLE001 - the index is a cache; the store stays the truth
                 logger.warning("store listener failed", exc_info=True)
-
-
-def _as_rows(rows, block_nbytes: int) -> np.ndarray:
-    """A (n, block_nbytes) uint8 array over `rows` (an array, or a list of payloads)."""
-    if not isinstance(rows, np.ndarray):
-        rows = np.stack([np.frombuffer(p, dtype=np.uint8) for p in rows]) if rows else np.empty((0, block_nbytes),
-                                                                                                 dtype=np.uint8)
-    if rows.ndim != 2 or rows.shape[1] != block_nbytes or rows.dtype != np.uint8:
-        raise ValueError(f"payload rows of shape {rows.shape} and {rows.dtype}, blocks are {block_nbytes} bytes")
-    return rows
