@@ -11,7 +11,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from kvstore.tier import BlockTier
 from pdmesh.compat import fingerprint_seed
 from pdmesh.config import StoreSettings
 from pdmesh.errors import BlockHashMismatch, Overloaded, PDMeshError, TransferNotFound
+from pdmesh.kv.request_stats import StoreLoadStats
 from pdmesh.kv.tasks import SendTask, StoreLoadTask
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
@@ -47,19 +47,6 @@ EXPORT_BATCH_NBYTES = 16 << 20  # asked of another node's store per export, budg
 
 class LoadBudgetExceeded(Exception):
     """A load ran past its time budget: computing the rest is cheaper than waiting for it."""
-
-
-@dataclass
-class StoreLoadStats:
-    tokens_by_tier: dict[str, int] = field(default_factory=dict)  # prompt tokens loaded, by where from
-    num_local_tokens: int = 0    # prompt tokens the engine's own prefix cache had (not loaded)
-    num_blocks: int = 0
-    num_failed_blocks: int = 0   # planned but not loaded (missing, corrupt, peer gone): computed instead
-    num_bytes: int = 0
-    seconds: float = 0.0
-    budget_s: float = 0.0        # the load's time budget: what computing its tokens would cost
-    cut: bool = False            # stopped at the budget (the rest was computed)
-    transport: str = ""          # what moved the blocks from another node's store ("" when none did)
 
 
 def build_tiers(settings: StoreSettings, block_nbytes: int, device: str,

@@ -8,7 +8,8 @@ import logging
 from pdmesh.background import BackgroundTasks
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
-from pdmesh.kv.params import LOADED_FROM_STORE, REQUEST_STATS, handle_from_params, prefill_params
+from pdmesh.kv.params import LOADED_FROM_STORE, handle_from_params, prefill_params
+from pdmesh.kv.request_stats import StoreLoadStats, store_load_stats
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
@@ -70,10 +71,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if final is None or not final.kv_transfer_params or not token_ids:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
         stats = self._store_stats(final.kv_transfer_params)
-        store_tokens = stats["tokens_by_tier"] if stats else {}
+        store_tokens = stats.tokens_by_tier if stats else {}
         # With a store load, vLLM's count includes tokens claimed from the store even when their
         # load failed and they were computed after all: count what really loaded instead.
-        num_cached = (stats["num_local_tokens"] + sum(store_tokens.values()) if stats
+        num_cached = (stats.num_local_tokens + sum(store_tokens.values()) if stats
                       else final.num_cached_tokens or 0)
         self._record_tokens(len(prompt_token_ids), num_cached, store_tokens)
         return worker_pb2.PrefillResponse(
@@ -100,12 +101,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         self._background.spawn(self._engine.collective_rpc("pdmesh_release_request", args=(request_id,)))
 
     @staticmethod
-    def _store_stats(kv_params: dict) -> dict | None:
-        """What the KV store loaded for this request (StoreLoadStats), if it loaded anything: the
-        connector returns it with the request's output."""
+    def _store_stats(kv_params: dict) -> StoreLoadStats | None:
+        """What the KV store loaded for this request, if it loaded anything: the connector returns
+        it with the request's output."""
         if not kv_params.get(LOADED_FROM_STORE):
             return None
-        return kv_params.get(REQUEST_STATS)
+        return store_load_stats(kv_params)
 
     def _record_tokens(self, num_prompt_tokens: int, num_cached: int, store_tokens: dict[str, int]) -> None:
         role = self._metrics.role

@@ -28,7 +28,7 @@ class PDMeshConnectorMetadata(KVConnectorMetadata):
 @dataclass
 class PDMeshWorkerMeta(KVConnectorWorkerMetadata):
     """Worker → scheduler, with a step's output: what each request's KV transfer or store load did
-    (engine request id → TransferStats / StoreLoadStats as a dict), sent in the step the worker
+    (engine request id → PullStats / StoreLoadStats, encoded: pdmesh/kv/request_stats.py), sent in the step the worker
     reports the request received. The scheduler returns it in the request's kv_transfer_params."""
 
     stats: dict[str, dict] = field(default_factory=dict)

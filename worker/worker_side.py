@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict
 
 import torch
 from opentelemetry import context
@@ -22,11 +21,12 @@ from decode.kv.consumer import KVConsumer, kv_readers, mooncake_engine
 from decode.kv.grpc_kv_receiver import GrpcKVReceiver
 from decode.kv.kv_links import KVLinks
 from decode.kv.peer_tasks import PerPeerExecutor
-from decode.kv.transfer_stats import TransferLedger, TransferStats
+from decode.kv.transfer_stats import TransferLedger
 from kvstore.store_agent import StoreAgent
 from pdmesh.compat import fingerprint_seed, model_fingerprint
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.kv.block_hash import chain_block_hashes
+from pdmesh.kv.request_stats import PullStats, encode_stats
 from pdmesh.kv.tasks import RecvTask, StoreLoadTask
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
 from pdmesh.transport.affinity import all_cores, widen_affinity
@@ -230,13 +230,13 @@ class ConnectorWorker:
         return chain_block_hashes(fingerprint_seed(self.compat), token_ids, self._block_size, extra_key,
                                   include_partial=True)
 
-    def _received(self, task: RecvTask, stats: TransferStats) -> None:
+    def _received(self, task: RecvTask, stats: PullStats) -> None:
         """A consumer's read ended: its failed blocks go back to vLLM, and the request is reported."""
         with self._lock:
             self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
             if task.report_done:
                 self._done_recving.add(task.request_id)
-                self._stats_pending[task.request_id] = asdict(stats)
+                self._stats_pending[task.request_id] = encode_stats(stats)
         if task.report_done:
             self._transfer_finished()
 
@@ -258,7 +258,7 @@ class ConnectorWorker:
         with self._lock:
             self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
             self._done_recving.add(task.request_id)
-            self._stats_pending[task.request_id] = asdict(stats)
+            self._stats_pending[task.request_id] = encode_stats(stats)
         self._transfer_finished()
 
     def _transfer_finished(self) -> None:

@@ -26,11 +26,12 @@ from decode.kv.layerwise_read import LayerwiseTarget, LayerwiseTiming, read_laye
 from decode.kv.mooncake_reader import MooncakeKVReader
 from decode.kv.peer_tasks import PerPeerExecutor
 from decode.kv.shm_reader import ShmKVReader
-from decode.kv.transfer_stats import TransferLedger, TransferStats
+from decode.kv.transfer_stats import TransferLedger
 from pdmesh.compat import tp_ratio
 from pdmesh.config import KVTransportSettings
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, Incompatible
 from pdmesh.kv.kv_layout import WHOLE
+from pdmesh.kv.request_stats import PullStats
 from pdmesh.kv.tasks import RecvTask
 from pdmesh.telemetry.tracing import extract_carrier, tracer
 from pdmesh.transport.affinity import parse_cpus, widen_affinity
@@ -45,7 +46,7 @@ MAX_LAYERWISE_READS = 64
 TRANSFER_THREADS, TRANSFER_THREADS_PER_PEER = 8, 2
 
 # What a finished read hands back: the task, its stats, and whether it counts (RecvTask.report_done).
-OnReceived = Callable[[RecvTask, TransferStats], None]
+OnReceived = Callable[[RecvTask, PullStats], None]
 BlockHashes = Callable[[list[int], bytes], list[bytes]]
 
 
@@ -138,9 +139,9 @@ class KVConsumer:
             self._release(task)
             context.detach(token)
 
-    def _receive_traced(self, task: RecvTask, span) -> TransferStats:
+    def _receive_traced(self, task: RecvTask, span) -> PullStats:
         started = time.perf_counter()
-        stats, result, transport = TransferStats(), "ok", ""
+        stats, result, transport = PullStats(), "ok", ""
         try:
             if task.block_indexes:
                 transport = self._pull_into_cache(task, stats)
@@ -168,7 +169,7 @@ class KVConsumer:
         })
         return stats
 
-    def _pull_into_cache(self, task: RecvTask, stats: TransferStats) -> str:
+    def _pull_into_cache(self, task: RecvTask, stats: PullStats) -> str:
         """Reads the task's blocks from each producer rank holding its heads, through the transport
         agreed with that rank; counts into `stats` as blocks land on every rank's share, so a failure
         part-way keeps the prefix that arrived whole (the ranks after a failed one read only up to

@@ -1,28 +1,11 @@
-"""Counters of what the connector moved, per request and in total."""
+"""Totals of what a consumer's pulls moved (each request's own stats go back with its output)."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-
-@dataclass
-class TransferStats:
-    num_blocks: int = 0
-    num_bytes: int = 0
-    seconds: float = 0.0
-    first_block_seconds: float = 0.0  # pull start to first verified block: handshake + producer lag
-    num_failed_blocks: int = 0
-    num_reused_tokens: int = 0   # prompt tokens decode did not compute: local prefix hit + pulled
-    num_local_tokens: int = 0    # of those, found in decode's own prefix cache
-    transport: str = ""          # what moved the blocks: "shm", "mooncake" or "grpc" ("" when none moved)
-    # Layer-wise flow (decode/kv/layerwise_read.py): reading time before prefill's last layer
-    # was written and from then until every block was in and verified; the share hidden.
-    layerwise: bool = False
-    num_layer_reads: int = 0
-    seconds_before_prefill_done: float = 0.0
-    seconds_after_prefill_done: float = 0.0
-    overlap_ratio: float = 0.0
+from pdmesh.kv.request_stats import PullStats
 
 
 class TransferLedger:
@@ -30,9 +13,9 @@ class TransferLedger:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._total = TransferStats()
+        self._total = PullStats()
 
-    def record(self, stats: TransferStats) -> None:
+    def record(self, stats: PullStats) -> None:
         with self._lock:
             self._total.num_blocks += stats.num_blocks
             self._total.num_bytes += stats.num_bytes

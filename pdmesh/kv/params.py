@@ -18,7 +18,7 @@ PDMESH_REQUEST_ID = "pdmesh_request_id"
 TRACE_CARRIER = "pdmesh_trace"  # W3C traceparent + baggage of the calling span, for the engine-side spans
 LOADED_FROM_STORE = "pdmesh_loaded_from_store"  # prefill handle: some prompt blocks came from the KV store
 # In a finished request's kv_transfer_params: what its KV pull (decode) or store load (prefill) did,
-# the fields of TransferStats / StoreLoadStats. Rides the engine's own output: no RPC per request.
+# PullStats / StoreLoadStats encoded (pdmesh/kv/request_stats.py). Rides the engine's own output: no RPC per request.
 REQUEST_STATS = "pdmesh_stats"
 KV_HANDLE = "pdmesh_kv"  # the KVHandle's fields
 # Prefill request, layer-wise flow: the transfer id (minted by the gateway, also given to decode)
