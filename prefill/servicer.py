@@ -17,6 +17,7 @@ from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from pdmesh.validation import check_prompt, check_sampling_values, check_transfer_id
 from prefill.used_transfer_ids import UsedTransferIds
+from worker.vllm_ext.engine_calls import EngineCalls
 
 logger = logging.getLogger(__name__)
 GREEDY = common_pb2.SamplingParams(max_tokens=1, temperature=0.0)
@@ -25,6 +26,7 @@ GREEDY = common_pb2.SamplingParams(max_tokens=1, temperature=0.0)
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     def __init__(self, engine, info: worker_pb2.WorkerInfoResponse, metrics: MeshMetrics) -> None:
         self._engine = engine
+        self._calls = EngineCalls(engine)
         self._info = info
         self._metrics = metrics
         self._background = BackgroundTasks()
@@ -92,13 +94,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     async def Release(self, request: worker_pb2.ReleaseKVRequest, context) -> worker_pb2.ReleaseKVResponse:
         if not request.transfer_id:
             raise InvalidRequest("transfer_id is required")
-        released = (await self._engine.collective_rpc("pdmesh_release_transfer", args=(request.transfer_id,)))[0]
+        released = await self._calls.release_transfer(request.transfer_id)
         return worker_pb2.ReleaseKVResponse(released=released)
 
     def _release_soon(self, request_id: str) -> None:
         """The caller went away: the engine may have finished the request and pinned its KV for a
         decode that will never come. Free it now (or as soon as the engine registers it)."""
-        self._background.spawn(self._engine.collective_rpc("pdmesh_release_request", args=(request_id,)))
+        self._background.spawn(self._calls.release_request(request_id))
 
     @staticmethod
     def _store_stats(kv_params: dict) -> StoreLoadStats | None:

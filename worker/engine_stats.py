@@ -9,6 +9,7 @@ import logging
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from pdmesh.telemetry.metrics import MeshMetrics
+from worker.vllm_ext.engine_calls import EngineCalls
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class ConnectorCounterSync:
     its message queue for a second, so a 1 s timer held a core at 100% on an idle worker."""
 
     def __init__(self, engine, metrics: MeshMetrics, timeout_s: float = 2.0) -> None:
-        self._engine = engine
+        self._calls = EngineCalls(engine)
         self._metrics = metrics
         self._timeout_s = timeout_s
         self._last: dict[str, int] = {}  # counter name: value at the previous scrape
@@ -51,7 +52,7 @@ class ConnectorCounterSync:
         self._metrics.on_scrape(lambda: self._refresh_from_thread(loop))
 
     async def poll_once(self) -> None:
-        counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
+        counters = await self._calls.counters()
         m, role = self._metrics, self._metrics.role
         for transport, num_bytes in counters.get("kv_bytes_sent_by_transport", {}).items():
             self._add_delta(f"kv_bytes_sent_{transport}", num_bytes, m.kv_bytes.labels(role, "sent", transport))

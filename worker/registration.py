@@ -9,7 +9,7 @@ import time
 from pdmesh.config import WorkerSettings
 from pdmesh.registry import RegistryPublisher, WorkerLoad, WorkerRecord
 from pdmesh.v1 import worker_pb2
-from worker.vllm_ext.engine_core_ext import scheduler_stats
+from worker.vllm_ext.engine_calls import EngineCalls
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ class WorkerRegistration:
 
     def __init__(self, settings: WorkerSettings, engine, info: worker_pb2.WorkerInfoResponse, address: str) -> None:
         self._settings = settings
-        self._engine = engine
+        self._calls = EngineCalls(engine)
         self._info = info
         self._address = address
         self._load = WorkerLoad()
@@ -30,11 +30,11 @@ class WorkerRegistration:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        stats = await scheduler_stats(self._engine)
+        stats = await self._calls.scheduler_stats()
         info, settings = self._info, self._settings
         record = WorkerRecord(role=settings.role, address=self._address, kv_address=info.kv_address, model=info.model,
                               model_fingerprint=info.compat.model_fingerprint,
-                              max_num_seqs=settings.engine.max_num_seqs, num_kv_blocks=stats["num_kv_blocks"],
+                              max_num_seqs=settings.engine.max_num_seqs, num_kv_blocks=stats.num_kv_blocks,
                               started_at=time.time(), updated_at=time.time())
         self._publisher = RegistryPublisher(settings.registry, record, load=lambda: self._load,
                                             mesh_token=settings.mesh_token)
@@ -52,9 +52,8 @@ class WorkerRegistration:
     async def _refresh_load(self) -> None:
         while True:
             try:
-                stats = await scheduler_stats(self._engine)
-                self._load = WorkerLoad(stats["num_running_requests"], stats["num_waiting_requests"],
-                                        stats["kv_cache_usage"])
+                stats = await self._calls.scheduler_stats()
+                self._load = WorkerLoad(stats.num_running_requests, stats.num_waiting_requests, stats.kv_cache_usage)
             except Exception:  # noqa: BLE001 - a stale load is better than no heartbeat
                 logger.warning("reading the engine's load failed", exc_info=True)
             await asyncio.sleep(self._settings.registry.heartbeat_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import asdict
 
 from pdmesh import engine_debris
 from pdmesh.config import WorkerSettings
@@ -18,10 +19,10 @@ from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 from pdmesh.tls import server_credentials
 from pdmesh.transport.affinity import pin_process
 from pdmesh.transport.mesh_auth import AioMeshTokenInterceptor
-from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.engine import build_worker_engine, free_port
 from worker.registration import WorkerRegistration
-from worker.vllm_ext.engine_core_ext import scheduler_stats
+from worker.vllm_ext.engine_calls import EngineCalls
 
 logger = logging.getLogger(__name__)
 
@@ -31,26 +32,26 @@ AddServicer = Callable[[AioServer, object, worker_pb2.WorkerInfoResponse, MeshMe
 class WorkerInfoServicer(worker_pb2_grpc.WorkerInfoServicer):
     def __init__(self, info: worker_pb2.WorkerInfoResponse, engine) -> None:
         self._info = info
-        self._engine = engine
+        self._calls = EngineCalls(engine)
 
     async def GetInfo(self, request, context):
         return self._info
 
     async def GetStats(self, request, context):
-        counters = (await self._engine.collective_rpc("pdmesh_counters"))[0]
+        counters = await self._calls.counters()
         counters.pop("kv_bytes_sent_by_transport", None)  # the metrics' transport label has it
-        return worker_pb2.WorkerStats(**counters, **await scheduler_stats(self._engine))
+        return worker_pb2.WorkerStats(**counters, **asdict(await self._calls.scheduler_stats()))
 
     @maps_domain_errors
     async def SpillKV(self, request, context):
-        moved = (await self._engine.collective_rpc("pdmesh_store_spill", args=(request.tier,)))[0]
+        moved = await self._calls.spill_store(request.tier)
         if moved is None:
             raise Incompatible(f"this worker has no KV store tier {request.tier!r}")
         return worker_pb2.SpillKVResponse(num_blocks_moved=moved)
 
 
 async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> worker_pb2.WorkerInfoResponse:
-    compat = common_pb2.CompatInfo.FromString((await engine.collective_rpc("pdmesh_compat"))[0])
+    compat = await EngineCalls(engine).compat()
     model_config = engine.model_config
     return worker_pb2.WorkerInfoResponse(
         role=settings.role, model=settings.engine.served_model_name,
@@ -61,7 +62,7 @@ async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> 
 
 async def _freeze_startup_heaps(engine) -> None:
     """The model workers' and this process's heaps out of garbage collection (pdmesh/gc_heap.py)."""
-    for num_objects, collect_s in await engine.collective_rpc("pdmesh_freeze_gc"):
+    for num_objects, collect_s in await EngineCalls(engine).freeze_gc():
         logger.info("model worker heap: %d objects frozen (a full collection took %.2f s)", num_objects, collect_s)
     own = freeze_startup_heap()
     logger.info("worker process heap: %d objects frozen (a full collection took %.2f s)", own.num_objects,
@@ -81,7 +82,7 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
     sweep_after_death = asyncio.get_running_loop().create_task(engine_debris.sweep_after_death(lambda: engine.errored))
     try:
         info = await describe_worker(settings, engine, settings.kv_address_for_peers(kv_port))
-        engine_debris.record_stores(await engine.collective_rpc("pdmesh_dist_store"))
+        engine_debris.record_stores(await EngineCalls(engine).dist_stores())
         await _freeze_startup_heaps(engine)
         await asyncio.to_thread(engine_debris.sweep)  # what was younger than the grace a moment ago
         block_nbytes_holder.append(info.compat.block_nbytes)
