@@ -169,22 +169,41 @@ class KVFaultSettings(BaseModel):
     rot_store_tiers: list[str] = Field(default_factory=list)
 
 
-class KVTransportSettings(BaseModel):
-    """What the connector in the engine's worker process needs to move KV (from WorkerSettings)."""
+class KVTransportFields(BaseModel):
+    """How KV moves between workers: WorkerSettings has these flat (--kv_transport, --mesh_token),
+    KVTransportSettings carries them to the connector."""
 
+    # How KV moves between prefill and decode (pdmesh/transport/kv_transport.py): "auto" agrees the best
+    # both ends support per peer (shared memory on one host, Mooncake, else gRPC); a name forces that one.
     kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
+    # Mooncake Transfer Engine is off unless this names the worker's address on a data network only the
+    # mesh's workers reach (an RDMA fabric, a dedicated VLAN): its port serves reads and writes of the
+    # registered KV memory to any peer, without credentials, and listens on every interface whatever
+    # host it is given (the pinned wheel; docs/limits.md). Peers dial the engine at this host.
     mooncake_host: str | None = None
-    mooncake_protocol: str = "tcp"
-    mooncake_device: str = ""
+    mooncake_protocol: str = "tcp"     # "rdma" where the host has RDMA NICs; "ascend" with the NPU wheel
+    mooncake_device: str = ""          # the engine's device filter (RDMA NIC or NPU names), "" for all
+    # Shared secret of the mesh's internal ports (the Prefill/Decode/WorkerInfo port, KV transfer, KV store):
+    # every worker and gateway of a mesh sets the same one; calls without it are refused (UNAUTHENTICATED).
     mesh_token: str | None = None
+    # Mutual TLS on the KV ports: the worker's certificate serves its KV port and is its client
+    # certificate when it reads from another's (so it needs both server and client use); unset: plaintext.
     kv_tls: TlsSettings = Field(default_factory=TlsSettings)
     kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
+    # Layer-wise flow, producer: a step's newly written layers are announced to the consumer (a Watch
+    # answer, a round trip on this worker's cores while it computes) once they hold this many bytes, or
+    # when the step is done. Announcing a small layer costs the producer about what reading it early
+    # hides. 0: every layer.
     layerwise_read_bytes: int = 4 << 20
 
     @model_validator(mode="after")
     def _mooncake_needs_its_network(self):
         _check_mooncake_host(self.kv_transport, self.mooncake_host)
         return self
+
+
+class KVTransportSettings(KVTransportFields):
+    """What the connector in the engine's worker process needs to move KV (from WorkerSettings)."""
 
     def allows(self, transport: str) -> bool:
         """Whether KV may move over `transport`: Mooncake only where its data network is configured."""
@@ -200,7 +219,32 @@ class KVTransportSettings(BaseModel):
         return MeshAuth(self.mesh_token, self.kv_tls)
 
 
-class WorkerSettings(_LayeredSettings):
+class ConnectorSettings(BaseModel):
+    """What the connector in the engine's processes needs, built from WorkerSettings once
+    (worker/engine.py), carried by vLLM as kv_connector_extra_config, and read back whole by the
+    connector (worker/connector.py): no field is parsed or defaulted twice."""
+
+    kv_host: str                        # where the KV port binds
+    kv_port: int                        # rank 0's; rank r binds kv_port + r
+    kv_advertise_address: str           # host:port peers dial for rank 0's KV (WorkerSettings.kv_address_for_peers)
+    hold_timeout_s: float
+    pull_timeout_s: float
+    transport: KVTransportSettings
+    gil_switch_interval_s: float | None  # the model worker's GIL switch interval (None: Python's)
+    wake_name: str                      # the engine's quiet-steps socket ("": steps always run the workers)
+    queue_spin_s: float | None          # vLLM's queue readers' spin (None: the platform's default)
+    thread_cpus: str                    # where layer-wise reads run ("": every core)
+    store: StoreSettings | None         # prefill's KV store (None: decode)
+    telemetry: TelemetrySettings
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """The host and (rank 0's) port peers reach the KV port at."""
+        host, port = self.kv_advertise_address.rsplit(":", 1)
+        return host, int(port)
+
+
+class WorkerSettings(_LayeredSettings, KVTransportFields):
     model_config = SettingsConfigDict(env_prefix="PDMESH_WORKER_", env_nested_delimiter="__")
 
     role: Literal["prefill", "decode"] = "prefill"
@@ -210,26 +254,9 @@ class WorkerSettings(_LayeredSettings):
     kv_advertise_host: str | None = None  # how decode reaches it (a container's service name); default kv_host
     kv_port: int = 0                   # 0: pick a free port before the engine starts
     kv_advertise_port: int | None = None  # the port decode dials (a port mapping or proxy in front); default kv_port
-    # How KV moves between prefill and decode (pdmesh/transport/kv_transport.py): "auto" agrees the best
-    # both ends support per peer (shared memory on one host, Mooncake, else gRPC); a name forces that one.
-    kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
-    # Mooncake Transfer Engine is off unless this names the worker's address on a data network only the
-    # mesh's workers reach (an RDMA fabric, a dedicated VLAN): its port serves reads and writes of the
-    # registered KV memory to any peer, without credentials, and listens on every interface whatever
-    # host it is given (the pinned wheel; docs/limits.md). Peers dial the engine at this host.
-    mooncake_host: str | None = None
-    mooncake_protocol: str = "tcp"     # "rdma" where the host has RDMA NICs; "ascend" with the NPU wheel
-    mooncake_device: str = ""          # the engine's device filter (RDMA NIC or NPU names), "" for all
-    # Shared secret of the mesh's internal ports (the Prefill/Decode/WorkerInfo port, KV transfer, KV store):
-    # every worker and gateway of a mesh sets the same one; calls without it are refused (UNAUTHENTICATED).
-    mesh_token: str | None = None
     # A worker refuses to start without a mesh credential (mesh_token, or mTLS with client certificates on
     # both its ports: tls.ca_file and kv_tls.ca_file); this lets it serve anyone who reaches its ports.
     insecure_no_mesh_auth: bool = False
-    # Mutual TLS on the KV ports: the worker's certificate serves its KV port and is its client
-    # certificate when it reads from another's (so it needs both server and client use); unset: plaintext.
-    kv_tls: TlsSettings = Field(default_factory=TlsSettings)
-    kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0
     # Python's GIL switch interval in the engine's model-worker process (None: Python's 5 ms). The KV threads
@@ -245,12 +272,6 @@ class WorkerSettings(_LayeredSettings):
     # takes the cores the model computes on (engines sharing cores starved each other for seconds:
     # bench/REPORT.md, Soak), vLLM's own 1 s on accelerators.
     engine_queue_spin_s: float | None = None
-    # Layer-wise flow, producer: a step's newly written layers are announced to the consumer (a Watch
-    # answer, a round trip on this worker's cores while it computes) once they hold this many bytes, or
-    # when the step is done. Layer by layer where one layer of a step's KV is this large: announcing
-    # a small layer costs the producer about what reading it early hides (bench/REPORT.md, layer-wise
-    # flow; one run each, within this machine's noise). 0: every layer.
-    layerwise_read_bytes: int = 4 << 20
     # Cores the worker's own processes (its API server, vLLM's engine core) and its layer-wise reading
     # threads run on, e.g. "1" or "2-3"; "": any.
     # A local cluster keeps a decode worker's on its engine's core: where vLLM's queues between them busy-poll
@@ -265,11 +286,6 @@ class WorkerSettings(_LayeredSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)   # prefill only
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
-    @model_validator(mode="after")
-    def _mooncake_needs_its_network(self):
-        _check_mooncake_host(self.kv_transport, self.mooncake_host)
-        return self
-
     @property
     def address_for_gateways(self) -> str:
         """host (advertise_host if set) of the worker's main port; the port is filled in once bound."""
@@ -277,8 +293,8 @@ class WorkerSettings(_LayeredSettings):
 
     @property
     def kv_transport_settings(self) -> KVTransportSettings:
-        """This worker's fields of the same names (flat on the command line: --kv_transport, --mesh_token)."""
-        return KVTransportSettings(**{name: getattr(self, name) for name in KVTransportSettings.model_fields})
+        """This worker's KV transport fields (flat on the command line: --kv_transport, --mesh_token)."""
+        return KVTransportSettings(**{name: getattr(self, name) for name in KVTransportFields.model_fields})
 
     @property
     def kv_host_for_peers(self) -> str:

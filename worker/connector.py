@@ -3,8 +3,7 @@
 Loaded by vLLM through kv_transfer_config:
   {"kv_connector": "PDMeshConnector", "kv_connector_module_path": "worker.connector",
    "kv_role": "kv_producer" | "kv_consumer",
-   "kv_connector_extra_config": {"kv_host": ..., "kv_port": ..., "kv_advertise_address": ...,
-                                 "hold_timeout_s": ..., "pull_timeout_s": ..., "transport": KVTransportSettings}}
+   "kv_connector_extra_config": ConnectorSettings, as JSON (pdmesh/config.py; worker/engine.py builds it)}
 Each role's logic lives in its own class; this class only routes vLLM's calls to them.
 """
 
@@ -18,7 +17,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
 from kvstore.store_lookup import AsyncStoreLookup, StoreLookup
-from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
+from pdmesh.config import ConnectorSettings, StoreSettings
 from pdmesh.telemetry.logs import configure_engine_logging
 from pdmesh.transport.affinity import all_cores
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
@@ -45,16 +44,14 @@ class PDMeshConnector(KVConnectorBase_V1):
                  kv_cache_config: "KVCacheConfig | None" = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         configure_engine_logging()
-        extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        spin_s = extra.get("queue_spin_s")
-        set_queue_spin(default_spin_s() if spin_s is None else float(spin_s))  # this engine process's queues
+        settings = ConnectorSettings.model_validate(self._kv_transfer_config.kv_connector_extra_config or {})
+        spin_s = settings.queue_spin_s
+        set_queue_spin(default_spin_s() if spin_s is None else spin_s)  # this engine process's queues
         block_size = vllm_config.cache_config.block_size
-        kv_host = str(extra.get("kv_host", "127.0.0.1"))
-        kv_port = int(extra.get("kv_port", 0))
         self._scheduler: ConnectorScheduler | None = None
         self._worker: ConnectorWorker | None = None
         self._quiet: QuietSteps | None = None
-        store = StoreSettings(**extra["store"]) if extra.get("store") else None
+        store = settings.store
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         if store is not None and store.enabled and tp_size > 1:
             # each rank holds its share of the heads: the store would need one namespace and node per rank
@@ -62,39 +59,37 @@ class PDMeshConnector(KVConnectorBase_V1):
             store = None
         if role == KVConnectorRole.SCHEDULER:
             install_scheduler_stats()  # this runs in the engine core's process
-            advertise_host, advertise_port = _advertised(extra, kv_host, kv_port)
-            local_host = "127.0.0.1" if kv_host in ("0.0.0.0", "") else kv_host  # the worker is on this host
-            auth = KVTransportSettings(**(extra.get("transport") or {})).auth
-            lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{kv_port}", block_size, store.lookup_timeout_s,
-                                                   auth), max_wait_s=store.lookup_timeout_s)
-                      if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
-            self._scheduler = ConnectorScheduler(block_size, f"{advertise_host}:{advertise_port}", lookup,
-                                                 tp_size=tp_size)
-            if extra.get("wake_name"):  # steps skip the workers while every request waits for KV
-                try:
-                    self._quiet = QuietSteps(str(extra["wake_name"]))
-                    install_quiet_steps()
-                except OSError as exc:  # no abstract unix sockets here: every step goes to the workers
-                    logger.warning("engine steps will not skip the workers while requests wait for KV: %s", exc)
+            self._scheduler = self._make_scheduler(settings, store, block_size, tp_size)
         else:
-            if extra.get("gil_switch_interval_s"):  # the KV threads' GIL handoffs (pdmesh/config.py)
-                sys.setswitchinterval(float(extra["gil_switch_interval_s"]))
+            if settings.gil_switch_interval_s:  # the KV threads' GIL handoffs (pdmesh/config.py)
+                sys.setswitchinterval(settings.gil_switch_interval_s)
             with all_cores():  # the tracer's gRPC exporter starts threads here: keep them off the engine's core
-                self._worker = self._make_worker(vllm_config, extra, block_size, kv_host, kv_port, store)
+                self._worker = self._make_worker(vllm_config, settings, block_size, store)
 
-    def _make_worker(self, vllm_config, extra: dict, block_size: int, kv_host: str, kv_port: int,
+    def _make_scheduler(self, settings: ConnectorSettings, store: StoreSettings | None, block_size: int,
+                        tp_size: int) -> ConnectorScheduler:
+        local_host = "127.0.0.1" if settings.kv_host in ("0.0.0.0", "") else settings.kv_host  # the worker is here
+        lookup = (AsyncStoreLookup(StoreLookup(f"{local_host}:{settings.kv_port}", block_size, store.lookup_timeout_s,
+                                               settings.transport.auth), max_wait_s=store.lookup_timeout_s)
+                  if store is not None and store.enabled and self._kv_transfer_config.is_kv_producer else None)
+        if settings.wake_name:  # steps skip the workers while every request waits for KV
+            try:
+                self._quiet = QuietSteps(settings.wake_name)
+                install_quiet_steps()
+            except OSError as exc:  # no abstract unix sockets here: every step goes to the workers
+                logger.warning("engine steps will not skip the workers while requests wait for KV: %s", exc)
+        return ConnectorScheduler(block_size, settings.kv_advertise_address, lookup, tp_size=tp_size)
+
+    def _make_worker(self, vllm_config, settings: ConnectorSettings, block_size: int,
                      store: StoreSettings | None) -> ConnectorWorker:
-        advertise_host, advertise_port = _advertised(extra, kv_host, kv_port)
+        advertise_host, advertise_port = settings.advertised
         return ConnectorWorker(
             model=vllm_config.model_config.model, block_size=block_size,
-            is_producer=self._kv_transfer_config.is_kv_producer, kv_host=kv_host, kv_port=kv_port,
-            hold_timeout_s=float(extra.get("hold_timeout_s", 60.0)),
-            pull_timeout_s=float(extra.get("pull_timeout_s", 30.0)),
-            telemetry=TelemetrySettings(**(extra.get("telemetry") or {})),
-            store=store, kv_advertise_host=advertise_host, kv_advertise_port=advertise_port,
-            transport=KVTransportSettings(**(extra.get("transport") or {})), tp_rank=_tp_rank(),
-            wake_name=str(extra.get("wake_name") or ""),
-            thread_cpus=str(extra.get("thread_cpus") or ""),
+            is_producer=self._kv_transfer_config.is_kv_producer, kv_host=settings.kv_host, kv_port=settings.kv_port,
+            hold_timeout_s=settings.hold_timeout_s, pull_timeout_s=settings.pull_timeout_s,
+            telemetry=settings.telemetry, store=store, kv_advertise_host=advertise_host,
+            kv_advertise_port=advertise_port, transport=settings.transport, tp_rank=_tp_rank(),
+            wake_name=settings.wake_name, thread_cpus=settings.thread_cpus,
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             num_kv_heads=vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config))
 
@@ -183,10 +178,3 @@ def _tp_rank() -> int:
         return get_tensor_model_parallel_rank()
     except (AssertionError, ImportError, RuntimeError):
         return 0
-
-
-def _advertised(extra: dict, kv_host: str, kv_port: int) -> tuple[str, int]:
-    """The host and (rank 0's) port peers reach the KV port at (WorkerSettings.kv_address_for_peers:
-    a NAT's, a proxy's or a container's published address), else where it binds."""
-    host, port = str(extra.get("kv_advertise_address") or f"{kv_host}:{kv_port}").rsplit(":", 1)
-    return host, int(port)

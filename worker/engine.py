@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any
 
-from pdmesh.config import EngineSettings, WorkerSettings
+from pdmesh.config import ConnectorSettings, EngineSettings, WorkerSettings
 from worker.vllm_ext.quiet_steps import new_wake_name
 from worker.vllm_ext.version import check_vllm_version
 
@@ -42,27 +42,26 @@ def _is_free(host: str, port: int) -> bool:
     return True
 
 
+def connector_settings(settings: WorkerSettings, kv_port: int, wake_name: str = "") -> ConnectorSettings:
+    return ConnectorSettings(
+        kv_host=settings.kv_host, kv_port=kv_port,
+        kv_advertise_address=settings.kv_address_for_peers(kv_port),   # rank 0's; rank r adds r to the port
+        hold_timeout_s=settings.hold_timeout_s, pull_timeout_s=settings.pull_timeout_s,
+        transport=settings.kv_transport_settings, gil_switch_interval_s=settings.kv_gil_switch_interval_s,
+        wake_name=wake_name, queue_spin_s=settings.engine_queue_spin_s,
+        thread_cpus=settings.process_cpus,   # where its layer-wise reads run ("": every core)
+        store=settings.store if settings.role == "prefill" else None,
+        telemetry=settings.telemetry)   # the engine's worker process sets up its own tracing from this
+
+
 def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]:
+    wake_name = new_wake_name() if settings.kv_quiet_steps else ""   # this engine's own
     return {
         "kv_connector": "PDMeshConnector",
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": "kv_producer" if settings.role == "prefill" else "kv_consumer",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "kv_host": settings.kv_host,
-            "kv_port": kv_port,
-            "kv_advertise_address": settings.kv_address_for_peers(kv_port),   # rank 0's; rank r adds r to the port
-            "hold_timeout_s": settings.hold_timeout_s,
-            "pull_timeout_s": settings.pull_timeout_s,
-            "transport": settings.kv_transport_settings.model_dump(mode="json"),
-            "gil_switch_interval_s": settings.kv_gil_switch_interval_s,
-            "wake_name": new_wake_name() if settings.kv_quiet_steps else "",  # this engine's own
-            "queue_spin_s": settings.engine_queue_spin_s,
-            "thread_cpus": settings.process_cpus,   # where its layer-wise reads run ("": every core)
-            "store": settings.store.model_dump(mode="json") if settings.role == "prefill" else None,
-            # The engine's worker process sets up its own tracing from this.
-            "telemetry": settings.telemetry.model_dump(),
-        },
+        "kv_connector_extra_config": connector_settings(settings, kv_port, wake_name).model_dump(mode="json"),
     }
 
 

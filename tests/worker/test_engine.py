@@ -6,33 +6,40 @@ import os
 
 import pytest
 
-from pdmesh.config import WorkerSettings
-from worker.connector import _advertised
+from pdmesh.config import ConnectorSettings, WorkerSettings
 from worker.engine import apply_cpu_env, engine_kwargs, kv_transfer_config
 
 ENGINE_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
               "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 
-def _extra(*flags: str, kv_port: int = 7001) -> dict:
+def _extra(*flags: str, kv_port: int = 7001) -> ConnectorSettings:
+    """The connector's settings as the connector reads them back from vLLM's config."""
     settings = WorkerSettings.from_cli(["--role", "prefill", "--engine.model", "m", *flags])
-    return kv_transfer_config(settings, kv_port)["kv_connector_extra_config"]
+    return ConnectorSettings.model_validate(kv_transfer_config(settings, kv_port)["kv_connector_extra_config"])
 
 
 def test_peers_dial_where_the_kv_port_binds_by_default():
-    extra = _extra("--kv_host", "10.0.0.5")
-    assert _advertised(extra, extra["kv_host"], extra["kv_port"]) == ("10.0.0.5", 7001)
+    assert _extra("--kv_host", "10.0.0.5").advertised == ("10.0.0.5", 7001)
 
 
 def test_an_advertised_host_and_port_replace_the_bound_ones():
     extra = _extra("--kv_host", "0.0.0.0", "--kv_advertise_host", "prefill", "--kv_advertise_port", "9000")
-    assert extra["kv_advertise_address"] == "prefill:9000"
-    assert _advertised(extra, extra["kv_host"], extra["kv_port"]) == ("prefill", 9000)
+    assert (extra.kv_host, extra.kv_port, extra.advertised) == ("0.0.0.0", 7001, ("prefill", 9000))
 
 
 def test_the_engines_queue_spin_is_the_platforms_unless_set():
-    assert _extra()["queue_spin_s"] is None            # the connector picks: 0 on the CPU
-    assert _extra("--engine_queue_spin_s", "1")["queue_spin_s"] == 1.0
+    assert _extra().queue_spin_s is None            # the connector picks: 0 on the CPU
+    assert _extra("--engine_queue_spin_s", "1").queue_spin_s == 1.0
+
+
+def test_every_worker_setting_the_connector_reads_reaches_it():
+    extra = _extra("--hold_timeout_s", "5", "--pull_timeout_s", "7", "--kv_transport", "grpc", "--mesh_token", "t",
+                   "--kv_gil_switch_interval_s", "0.001", "--process_cpus", "1", "--store.dram_bytes", "1024")
+    assert (extra.hold_timeout_s, extra.pull_timeout_s, extra.transport.kv_transport, extra.transport.mesh_token,
+            extra.gil_switch_interval_s, extra.thread_cpus, extra.store.dram_bytes) == (
+        5.0, 7.0, "grpc", "t", 0.001, "1", 1024)
+    assert extra.wake_name  # quiet steps on by default: an engine's own socket name
 
 
 def test_the_cpu_platforms_engines_sleep_on_their_queues():
