@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from itertools import groupby
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from kvstore.client import GrpcStoreClient
 from kvstore.disk_tier import DiskTier
 from kvstore.index_publisher import BackgroundPublisher
 from kvstore.redis_index import RedisBlockIndex
-from kvstore.rotting_tier import RottingTier
 from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import device_tier, host_tier
 from kvstore.store_export import StoreExports
@@ -33,6 +31,7 @@ from kvstore.tier import BlockTier
 from pdmesh.compat import fingerprint_seed
 from pdmesh.config import StoreSettings
 from pdmesh.errors import BlockHashMismatch, Overloaded, PDMeshError, TransferNotFound
+from pdmesh.kv.fault_hooks import NO_FAULTS, KVFaultHooks
 from pdmesh.kv.request_stats import StoreLoadStats
 from pdmesh.kv.tasks import SendTask, StoreLoadTask
 from pdmesh.transport.mesh_auth import MeshAuth
@@ -50,8 +49,7 @@ class LoadBudgetExceeded(Exception):
 
 
 def build_tiers(settings: StoreSettings, block_nbytes: int, device: str,
-                rot_tiers: Sequence[str] = ()) -> list[BlockTier]:
-    """rot_tiers: the tiers that rot every block written into them (fault tests, KVFaultSettings)."""
+                faults: KVFaultHooks = NO_FAULTS) -> list[BlockTier]:
     tiers: list[BlockTier] = []
     if settings.device_bytes >= block_nbytes:
         tiers.append(device_tier(settings.device_bytes, block_nbytes, device))
@@ -60,17 +58,17 @@ def build_tiers(settings: StoreSettings, block_nbytes: int, device: str,
     if settings.nvme_dir is not None and settings.nvme_bytes >= block_nbytes:
         tiers.append(DiskTier(Path(settings.nvme_dir).expanduser(), settings.nvme_bytes, block_nbytes,
                               fsync=settings.nvme_fsync))
-    return [RottingTier(tier, (index + 1) * block_nbytes // (len(tiers) + 1)) if tier.name in rot_tiers else tier
-            for index, tier in enumerate(tiers)]
+    return [faults.store_tier(tier, index, len(tiers), block_nbytes) for index, tier in enumerate(tiers)]
 
 
 class StoreAgent:
     def __init__(self, settings: StoreSettings, compat: common_pb2.CompatInfo, device: str,
-                 pieces: list[tuple[int, int]], auth: MeshAuth | None = None, rot_tiers: Sequence[str] = ()) -> None:
-        """pieces: (num_parts, part_nbytes) of each layer of the engine's KV cache; rot_tiers: see build_tiers."""
+                 pieces: list[tuple[int, int]], auth: MeshAuth | None = None,
+                 faults: KVFaultHooks = NO_FAULTS) -> None:
+        """pieces: (num_parts, part_nbytes) of each layer of the engine's KV cache."""
         self._block_size = compat.block_size
         self._seed = fingerprint_seed(compat)
-        tiers = build_tiers(settings, compat.block_nbytes, device, rot_tiers)
+        tiers = build_tiers(settings, compat.block_nbytes, device, faults)
         self.index = (RedisBlockIndex.connect(settings.redis_url, settings.redis_password,
                                               namespace=compat.model_fingerprint, node="",
                                               ttl_s=settings.index_ttl_s, mesh_token=auth.token if auth else None)

@@ -34,6 +34,7 @@ from pdmesh.transport.shm import segments
 from pdmesh.v1 import common_pb2
 from prefill.kv.producer import KVProducer
 from worker.compute_rate import ComputeRate
+from worker.fault_injection import fault_hooks
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from worker.paged_kv import PagedKVCache
 from worker.store_saver import StoreSaver
@@ -63,6 +64,7 @@ class ConnectorWorker:
         self._kv_advertise_host = kv_advertise_host or kv_host
         self._kv_advertise_port = kv_advertise_port + tp_rank if kv_advertise_port else 0
         self._transport = transport or KVTransportSettings()
+        self._faults = fault_hooks(self._transport.kv_faults)   # tests' and the fault campaign's; none in deployments
         self._hold_timeout_s = hold_timeout_s
         self._pull_timeout_s = pull_timeout_s
         self._thread_cpus = thread_cpus
@@ -105,21 +107,22 @@ class ConnectorWorker:
             self.consumer = KVConsumer(paged=self._paged, compat=self.compat, block_size=self._block_size,
                                        transport=self._transport, pull_timeout_s=self._pull_timeout_s,
                                        on_received=self._received, block_hashes=self._block_hashes,
-                                       tp_rank=self._tp_rank, tp_size=self._tp_size, thread_cpus=self._thread_cpus)
+                                       tp_rank=self._tp_rank, tp_size=self._tp_size, thread_cpus=self._thread_cpus,
+                                       faults=self._faults)
 
     def _serve(self) -> None:
         auth = self._transport.auth
         if self._store_settings is not None:
             pieces = [(region.num_parts, region.part_nbytes) for region in self._paged.regions()]
             self.store = StoreAgent(self._store_settings, self.compat, self._paged.device, pieces, auth,
-                                    rot_tiers=self._transport.kv_faults.rot_store_tiers)
+                                    faults=self._faults)
         self.producer = KVProducer(paged=self._paged, compat=self.compat, block_size=self._block_size,
                                    kv_host=self._kv_host, kv_port=self._kv_port,
                                    advertise_host=self._kv_advertise_host, advertise_port=self._kv_advertise_port,
                                    hold_timeout_s=self._hold_timeout_s, transport=self._transport,
                                    block_hashes=self._block_hashes,
                                    mooncake_engine=lambda: mooncake_engine(self._transport, self._pull_timeout_s),
-                                   store=self.store)
+                                   store=self.store, faults=self._faults)
         if self.store is not None:
             self.saver = StoreSaver(self.store, self._paged, self.producer.held, self._store_settings.save_queue_bytes)
             control = GrpcKVReceiver(self.compat, self._store_settings.fetch_timeout_s, auth)

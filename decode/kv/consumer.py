@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 from opentelemetry import context
 
@@ -30,6 +29,7 @@ from decode.kv.transfer_stats import TransferLedger
 from pdmesh.compat import tp_ratio
 from pdmesh.config import KVTransportSettings
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, Incompatible
+from pdmesh.kv.fault_hooks import NO_FAULTS, KVFaultHooks
 from pdmesh.kv.kv_layout import WHOLE
 from pdmesh.kv.request_stats import PullStats
 from pdmesh.kv.tasks import RecvTask
@@ -79,7 +79,7 @@ def kv_readers(paged, transport: KVTransportSettings, control: GrpcKVReceiver, t
 class KVConsumer:
     def __init__(self, *, paged, compat: common_pb2.CompatInfo, block_size: int, transport: KVTransportSettings,
                  pull_timeout_s: float, on_received: OnReceived, block_hashes: BlockHashes, tp_rank: int = 0,
-                 tp_size: int = 1, thread_cpus: str = "") -> None:
+                 tp_size: int = 1, thread_cpus: str = "", faults: KVFaultHooks = NO_FAULTS) -> None:
         self._paged = paged
         self._compat = compat
         self._block_size = block_size
@@ -87,6 +87,7 @@ class KVConsumer:
         self._pull_timeout_s = pull_timeout_s
         self._on_received = on_received
         self._block_hashes = block_hashes
+        self._faults = faults
         # A consumer rank reads the producer ranks holding its heads: the same rank when both have as
         # many ranks; k ranks' head shares when the producer has k times as many.
         self._tp_rank, self._tp_size = tp_rank, tp_size
@@ -224,13 +225,7 @@ class KVConsumer:
         return [(rank_address(task.kv_address, first + j), (j, ratio) if ratio > 1 else WHOLE) for j in range(ratio)]
 
     def _read_options(self, task: RecvTask) -> ReadOptions:
-        faults = self._transport.kv_faults
-        tamper = faults.tamper_request_prefix and task.pdmesh_request_id.startswith(faults.tamper_request_prefix)
-        unverified = (faults.unverified_request_prefix
-                      and task.pdmesh_request_id.startswith(faults.unverified_request_prefix))
-        stall = faults.stall_request_prefix and task.pdmesh_request_id.startswith(faults.stall_request_prefix)
-        return ReadOptions(verify=not unverified, tamper=_overwrite if tamper else None,
-                           stall_s=faults.stall_s if stall else 0.0)
+        return self._faults.read_options(task.pdmesh_request_id)
 
     def _release(self, task: RecvTask) -> None:
         """Frees the transfer on every producer rank this rank read (each holds its own pin); when
@@ -263,8 +258,3 @@ def rank_address(address: str, rank: int) -> str:
     """The KV port of a producer's rank (rank 0's port + rank)."""
     host, port = address.rsplit(":", 1)
     return f"{host}:{int(port) + rank}"
-
-
-def _overwrite(buffer) -> None:
-    """The fault tests' tamper: KV bytes replaced between producer and consumer."""
-    np.asarray(buffer, dtype=np.uint8)[...] = 0x40

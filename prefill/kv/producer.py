@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from pdmesh.config import KVTransportSettings
+from pdmesh.kv.fault_hooks import NO_FAULTS, KVFaultHooks
 from pdmesh.kv.tasks import LayerwiseStep, SendTask
 from pdmesh.transport.affinity import widen_affinity
 from pdmesh.transport.kv_transport import GRPC, MOONCAKE, SHM
@@ -34,13 +35,15 @@ BlockHashes = Callable[[list[int], bytes], list[bytes]]
 class KVProducer:
     def __init__(self, *, paged, compat: common_pb2.CompatInfo, block_size: int, kv_host: str, kv_port: int,
                  advertise_host: str, advertise_port: int, hold_timeout_s: float, transport: KVTransportSettings,
-                 block_hashes: BlockHashes, mooncake_engine: Callable[[], MooncakeEngine], store=None) -> None:
+                 block_hashes: BlockHashes, mooncake_engine: Callable[[], MooncakeEngine], store=None,
+                 faults: KVFaultHooks = NO_FAULTS) -> None:
         self._paged = paged
         self._hold_timeout_s = hold_timeout_s
         self._transport = transport
         self._block_hashes = block_hashes
         self._mooncake_engine = mooncake_engine
         self._store = store
+        self._faults = faults
         self.held = HeldTransfers()
         num_layers = paged.num_layers
         # transfers read layer by layer while prefilled, and where the engine thread reports that
@@ -49,7 +52,7 @@ class KVProducer:
                                       layer_bytes_per_token=paged.block_nbytes // (num_layers * block_size),
                                       min_read_bytes=transport.layerwise_read_bytes)
         self._reports: LayerProgress | DeviceOrderedProgress = ordered_progress(self.progress, paged.device)
-        self._slow_step = False                      # fault tests: this step is slowed (KVFaultSettings)
+        self._step_delay_s = 0.0                     # fault tests: this step is slowed (KVFaultHooks)
         self._completing: list[LayerwiseStep] = []   # this step completes these layer-wise prompts
         self._ends_applied_for = None                # the step whose ends were applied
         # checksums of newly held blocks for the registered-memory transports, off the engine thread
@@ -137,8 +140,7 @@ class KVProducer:
             self._reports.restart(transfer_id)
 
     def _track_layerwise(self, steps: list[LayerwiseStep], meta) -> None:
-        slow = self._transport.kv_faults.slow_prefill_request_prefix
-        self._slow_step = bool(slow) and any(step.pdmesh_request_id.startswith(slow) for step in steps)
+        self._step_delay_s = self._faults.step_delay_s(step.pdmesh_request_id for step in steps)
         self.end_freed_transfers(meta)
         for step in steps:
             self._reports.start_step(step.transfer_id, step.pdmesh_request_id, step.block_ids,
@@ -153,8 +155,8 @@ class KVProducer:
         self._reports.layer_done(layer_index)
 
     def step_saved(self) -> None:
-        if self._slow_step:  # fault tests: a slow prefill, to stop or kill mid-way
-            time.sleep(self._transport.kv_faults.slow_step_s)
+        if self._step_delay_s:  # fault tests: a slow prefill, to stop or kill mid-way
+            time.sleep(self._step_delay_s)
         self._reports.step_done()
         for step in self._completing:
             self._checksum_pool.submit(self._publish_written, step, self.progress.restarts(step.transfer_id))
