@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from decode.kv.grpc_kv_receiver import wait_briefly
 from decode.kv.kv_links import KVLinks
+from decode.kv.kv_port_client import wait_briefly
 from kvstore.block_key import BlockKey, block_keys, keys_of
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient

@@ -18,8 +18,8 @@ import torch
 from opentelemetry import context
 
 from decode.kv.consumer import KVConsumer, kv_readers, mooncake_engine
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver
 from decode.kv.kv_links import KVLinks
+from decode.kv.kv_port_client import KVPortClient
 from decode.kv.peer_tasks import PerPeerExecutor
 from decode.kv.transfer_stats import TransferLedger
 from kvstore.store_agent import StoreAgent
@@ -125,7 +125,7 @@ class ConnectorWorker:
                                    store=self.store, faults=self._faults)
         if self.store is not None:
             self.saver = StoreSaver(self.store, self._paged, self.producer.held, self._store_settings.save_queue_bytes)
-            control = GrpcKVReceiver(self.compat, self._store_settings.fetch_timeout_s, auth)
+            control = KVPortClient(self.compat, self._store_settings.fetch_timeout_s, auth)
             readers = kv_readers(self._paged, self._transport, control, self._pull_timeout_s)
             self.store.connect(KVLinks(control, readers, store=True))
             self.store.attach(self.producer.address)

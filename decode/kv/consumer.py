@@ -19,8 +19,8 @@ import torch
 from opentelemetry import context
 
 from decode.kv.grpc_kv_reader import GrpcKVReader
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver, wait_briefly
 from decode.kv.kv_links import KVLinks
+from decode.kv.kv_port_client import KVPortClient, wait_briefly
 from decode.kv.layerwise_read import LayerwiseTarget, LayerwiseTiming, read_layerwise
 from decode.kv.mooncake_reader import MooncakeKVReader
 from decode.kv.peer_tasks import PerPeerExecutor
@@ -55,7 +55,7 @@ def mooncake_engine(transport: KVTransportSettings, timeout_s: float) -> Mooncak
     return shared_engine(transport.mooncake_host, transport.mooncake_protocol, transport.mooncake_device, timeout_s)
 
 
-def kv_readers(paged, transport: KVTransportSettings, control: GrpcKVReceiver, timeout_s: float,
+def kv_readers(paged, transport: KVTransportSettings, control: KVPortClient, timeout_s: float,
                head_slice: tuple[int, int] = WHOLE) -> list:
     """The transports a consumer reads with, best first, landing blocks in `head_slice` of each
     piece of `paged` (WHOLE: the whole block)."""
@@ -116,7 +116,7 @@ class KVConsumer:
         with self._lock:
             links = self._links.get(head_slice)
             if links is None:
-                control = GrpcKVReceiver(self._compat, self._pull_timeout_s, self._transport.auth)
+                control = KVPortClient(self._compat, self._pull_timeout_s, self._transport.auth)
                 readers = kv_readers(self._paged, self._transport, control, self._pull_timeout_s, head_slice)
                 links = self._links[head_slice] = KVLinks(control, readers)
             return links

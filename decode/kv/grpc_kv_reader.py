@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import xxhash
 
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import BlockHashMismatch, WorkerFailed
 from pdmesh.kv.kv_layout import digest_matrix, piece_columns
 from pdmesh.transport.chunking import rows_of
@@ -22,7 +22,7 @@ RowWriter = Callable[..., None]  # local block ids, their (n, block_nbytes) uint
 class GrpcKVReader:
     transport = GRPC
 
-    def __init__(self, control: GrpcKVReceiver, write_rows: RowWriter,
+    def __init__(self, control: KVPortClient, write_rows: RowWriter,
                  pieces: Sequence[tuple[int, int]] = ()) -> None:
         """pieces: (num_parts, part_nbytes) of each layer of a block, as it travels (layer-wise reads
         hash each landed piece, like the registered-memory readers)."""

@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.transport.host_id import host_id
 from pdmesh.transport.kv_transport import KVReader, PeerLink
 
 
 class KVLinks:
-    def __init__(self, control: GrpcKVReceiver, readers: Sequence[KVReader], store: bool = False) -> None:
+    def __init__(self, control: KVPortClient, readers: Sequence[KVReader], store: bool = False) -> None:
         self.control = control
         self._store = store
         self._readers = {reader.transport: reader for reader in readers}

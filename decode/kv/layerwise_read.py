@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, WorkerFailed
 from pdmesh.kv.kv_layout import combine, first_difference
 from pdmesh.transport.kv_transport import KVReader, PeerLink, ReadOptions
@@ -52,7 +52,7 @@ class LayerwiseTarget:
     idle_timeout_s: float  # no progress for this long: the producer is gone or stuck
 
 
-def read_layerwise(reader: KVReader, control: GrpcKVReceiver, link: PeerLink, transfer_id: str,
+def read_layerwise(reader: KVReader, control: KVPortClient, link: PeerLink, transfer_id: str,
                    block_indexes: Sequence[int], local_block_ids: Sequence[int], expected_hashes: Sequence[bytes],
                    target: LayerwiseTarget, timing: LayerwiseTiming,
                    options: ReadOptions = ReadOptions()) -> Iterator[int]:
@@ -63,7 +63,7 @@ def read_layerwise(reader: KVReader, control: GrpcKVReceiver, link: PeerLink, tr
 
 
 class _LayerwiseRead:
-    def __init__(self, reader, control: GrpcKVReceiver, link: PeerLink, transfer_id: str,
+    def __init__(self, reader, control: KVPortClient, link: PeerLink, transfer_id: str,
                  block_indexes: Sequence[int], local_block_ids: Sequence[int], target: LayerwiseTarget,
                  timing: LayerwiseTiming, options: ReadOptions) -> None:
         self._reader, self._control, self._link, self._transfer_id = reader, control, link, transfer_id

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import xxhash
 
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, WorkerFailed
 from pdmesh.kv.kv_layout import (Copy, LayerRegion, combine, copy_plan, digest_matrix, first_difference, piece_columns,
                                  piece_index)
@@ -26,7 +26,7 @@ CHUNK_NBYTES = 256 << 10  # copied, then hashed while in cache (measured: 1 MiB 
 class RegisteredMemoryReader:
     transport = ""
 
-    def __init__(self, control: GrpcKVReceiver, local_regions: Sequence[LayerRegion],
+    def __init__(self, control: KVPortClient, local_regions: Sequence[LayerRegion],
                  local_views: Sequence[np.ndarray]) -> None:
         self._control = control
         self._local = tuple(local_regions)

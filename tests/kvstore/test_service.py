@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_port_client import KVPortClient
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.prefix_lookup import BlockSource
@@ -77,7 +77,7 @@ def test_an_export_holds_the_leading_blocks_held_until_released_on_the_kv_port(n
     k = keys(3)
     a.store.put(k[0], payload(10))
     a.store.put(k[1], payload(11))
-    reader = GrpcKVReceiver(COMPAT, timeout_s=5)
+    reader = KVPortClient(COMPAT, timeout_s=5)
     try:
         transfer_id, num_blocks = client.export(a.server.address, [k[0], k[2], k[1]])
         assert num_blocks == 1  # stops at the first block it lacks

@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from decode.kv.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import Overloaded, TransferNotFound
 from pdmesh.transport.host_id import host_id
 from pdmesh.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
@@ -31,17 +31,17 @@ def port(no_thread_leak):
     held.hold(HeldTransfer("t1", tuple(range(NUM_BLOCKS)), tuple(b"h%d" % i for i in range(NUM_BLOCKS)), 1e18))
     servicer = KVTransferServicer(COMPAT, held, lambda ids: np.zeros((len(ids), BLOCK_NBYTES), np.uint8))
     server = GrpcKVServer(servicer, "127.0.0.1", 0, budgets=[RpcBudget("pull", ("/pdmesh.v1.KVTransfer/Pull",), 1)])
-    receiver = GrpcKVReceiver(COMPAT, timeout_s=10)
+    receiver = KVPortClient(COMPAT, timeout_s=10)
     yield server, receiver
     receiver.close()
     server.stop(grace_s=0)
 
 
-def _pull_all(receiver: GrpcKVReceiver, address: str, transfer_id: str = "t1") -> int:
+def _pull_all(receiver: KVPortClient, address: str, transfer_id: str = "t1") -> int:
     return sum(1 for _ in receiver.pull(address, transfer_id, list(range(NUM_BLOCKS)), verify=False))
 
 
-def _until_served(receiver: GrpcKVReceiver, address: str, timeout_s: float = 5.0) -> int:
+def _until_served(receiver: KVPortClient, address: str, timeout_s: float = 5.0) -> int:
     """Pulls until one is not refused as over budget (its slot is back)."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 RELEASE_WAIT_S = 1.0  # how long a transfer thread waits for a Release's answer before going on without it
 
 
-class GrpcKVReceiver:
+class KVPortClient:
     def __init__(self, compat: common_pb2.CompatInfo, timeout_s: float = 30.0, auth: MeshAuth | None = None) -> None:
         auth = auth or MeshAuth()
         self._compat = compat
