@@ -65,6 +65,22 @@ class Ewma:
         self.num_samples += 1
 
 
+class QueuedWork:
+    """Prompt tokens this gateway has a worker computing: counted from `DisaggCosts.enqueue` until
+    `done` (idempotent), so every way out of a call ends the count once."""
+
+    def __init__(self, queued_tokens: Counter, address: str, num_tokens: int) -> None:
+        self._queued_tokens, self._address, self._num_tokens = queued_tokens, address, num_tokens
+        self.queued_before = queued_tokens[address]   # tokens ahead of these when they were queued
+        queued_tokens[address] += num_tokens
+        self.pending = True
+
+    def done(self) -> None:
+        if self.pending:
+            self.pending = False
+            self._queued_tokens[self._address] -= self._num_tokens
+
+
 class DisaggCosts:
     """What the gateway has measured, and the work it has queued on each worker (by address)."""
 
@@ -73,6 +89,10 @@ class DisaggCosts:
         self.local_tokens_per_s = Ewma(initial_tokens_per_s)
         self.handoff_s = Ewma(initial_handoff_s)
         self.queued_tokens: Counter[str] = Counter()   # worker address: prompt tokens it is computing for us
+
+    def enqueue(self, address: str, num_tokens: int) -> QueuedWork:
+        """`num_tokens` of prompt now being computed on `address` for this gateway, until done()."""
+        return QueuedWork(self.queued_tokens, address, num_tokens)
 
     def observe_prefill(self, num_computed_tokens: int, seconds: float, queued_before: int) -> None:
         """A remote prefill's RPC time; only one that found its worker's queue empty measures the rate."""
