@@ -104,7 +104,7 @@ def test_layerwise_reads_run_on_the_workers_cores_and_pulls_on_any(model_dir, no
                                transport=KVTransportSettings(kv_transport="shm"), thread_cpus=str(worker_core))
     consumer.register_kv_caches({"l0": torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, 16)}, NUM_BLOCKS)
     cores_of: dict[str, set[int]] = {}
-    monkeypatch.setattr(consumer, "_receive", lambda task: cores_of.setdefault(task.request_id,
+    monkeypatch.setattr(consumer.consumer, "_receive", lambda task: cores_of.setdefault(task.request_id,
                                                                                os.sched_getaffinity(0)))
     consumer.start_tasks(PDMeshConnectorMetadata(recvs=[
         RecvTask(request_id=request_id, pdmesh_request_id="mesh-1", transfer_id="t-" + request_id,
