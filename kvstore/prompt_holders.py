@@ -7,18 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvstore.redis_index import RedisBlockIndex
-from pdmesh.kv.block_hash import chain_block_hashes
-
-
-def salt_key(cache_salt: str) -> bytes:
-    """A request's cache salt as the extra key of its blocks' hashes (what the workers hash with)."""
-    return cache_salt.encode()
+from pdmesh.kv.block_hash import chain_block_hashes, salt_extra_key
 
 
 def prompt_holders(index: RedisBlockIndex, seed: bytes, token_ids: Sequence[int], block_size: int,
                    cache_salt: str) -> list[str]:
     """The node holding each block of the longest indexed prefix of `token_ids` (one Redis round trip)."""
-    hashes = chain_block_hashes(seed, token_ids, block_size, salt_key(cache_salt))
+    hashes = chain_block_hashes(seed, token_ids, block_size, salt_extra_key(cache_salt))
     holders = []
     for entry in index.probe(hashes) if hashes else []:
         if entry is None:

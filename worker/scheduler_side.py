@@ -14,7 +14,7 @@ import secrets
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from kvstore.prompt_holders import salt_key
+from pdmesh.kv.block_hash import salt_extra_key
 from kvstore.store_lookup import AsyncStoreLookup
 from pdmesh.kv import params as kvp
 from pdmesh.kv.tasks import RecvTask, SendTask, StoreLoadTask
@@ -33,7 +33,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _salt(request: "Request") -> bytes:
-    return salt_key(getattr(request, "cache_salt", None) or "")
+    return salt_extra_key(getattr(request, "cache_salt", None) or "")
 
 
 class ConnectorScheduler:

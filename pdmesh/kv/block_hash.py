@@ -26,6 +26,11 @@ HASH_NBYTES = 16  # SHA-256's first 128 bits
 ROOT_PARENT = b"\x00" * HASH_NBYTES
 
 
+def salt_extra_key(cache_salt: str) -> bytes:
+    """A request's cache salt as the extra key of its blocks' names (what every hasher hashes with)."""
+    return cache_salt.encode()
+
+
 def block_name(data: bytes) -> bytes:
     """The name of one block's hashed bytes (hash_block and chain_block_hashes lay them out)."""
     return hashlib.sha256(data).digest()[:HASH_NBYTES]
