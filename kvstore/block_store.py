@@ -12,9 +12,10 @@ together. Memory tiers are written under the lock (a memcpy); a slow tier (disk)
 after the lock is released: its blocks are pinned meanwhile and read from the rows in hand, so
 no lookup, put or read ever waits on an fsync.
 
-Integrity: each block's xxh3-64 is kept beside it and checked on every read; a block that fails
-is dropped and counted, and the read is a miss. A block being read or written is pinned and never
-moved or freed under its reader. Out of space (every slot pinned) is a `False`, not an exception.
+Integrity: each block's checksum (pdmesh/kv/checksum.py) is kept beside it and checked on every
+read; a block that fails is dropped and counted, and the read is a miss. A block being read or
+written is pinned and never moved or freed under its reader. Out of space (every slot pinned) is
+a `False`, not an exception.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 
 import numpy as np
@@ -31,7 +32,7 @@ import numpy as np
 from kvstore.block_key import BlockKey
 from kvstore.store_events import BlockDropped, BlockPlaced, StoreEvent, StoreListener
 from kvstore.tier import BlockTier, Payload
-from kvstore.tier_io import as_rows, read_placed
+from kvstore.tier_io import SlowWrite, Work, as_rows, read_placed
 from pdmesh.kv.checksum import block_checksum
 
 logger = logging.getLogger(__name__)
@@ -47,29 +48,15 @@ class _Entry:
     pending: np.ndarray | None = None  # its payload while a slow tier writes it (pinned meanwhile)
 
 
-@dataclass
-class _SlowWrite:
-    """Blocks placed in a slow tier under the lock, to be written once it is released."""
-
-    tier: int
-    entries: list[_Entry]
-    rows: np.ndarray
-
-
-@dataclass
-class _Work:
-    """What one call changed under the lock, handled after it is released."""
-
-    events: list[StoreEvent] = field(default_factory=list)
-    slow_writes: list[_SlowWrite] = field(default_factory=list)
-
-
 class TieredBlockStore:
-    def __init__(self, tiers: Sequence[BlockTier], block_nbytes: int, listener: StoreListener | None = None) -> None:
+    def __init__(self, tiers: Sequence[BlockTier], block_nbytes: int, listener: StoreListener | None = None,
+                 piece_nbytes: Sequence[int] | None = None) -> None:
+        """piece_nbytes: the blocks' pieces, which their checksums cover (None: one piece)."""
         if not tiers:
             raise ValueError("a block store needs at least one tier")
         self._tiers = list(tiers)
         self.block_nbytes = block_nbytes
+        self._piece_nbytes = piece_nbytes
         self._listener = listener
         self._lock = threading.Lock()
         self._entries: dict[bytes, _Entry] = {}
@@ -151,8 +138,8 @@ class TieredBlockStore:
         the copies it has. Returns how many leading keys it holds now: it stops at a hash collision
         or when out of space (every slot pinned)."""
         rows = as_rows(rows, self.block_nbytes)
-        checksums = [block_checksum(row) for row in rows]
-        work = _Work()
+        checksums = [block_checksum(row, self._piece_nbytes) for row in rows]
+        work = Work()
         with self._lock:
             num_held, new = len(keys), []
             for i, key in enumerate(keys):
@@ -195,9 +182,10 @@ class TieredBlockStore:
             placed = [(entry.tier, entry.handle, entry.pending) for entry in entries]
         rows = np.empty((len(entries), self.block_nbytes), dtype=np.uint8) if out is None else out[:len(entries)]
         readable = read_placed(self._tiers, placed, rows)
-        intact = [ok and block_checksum(row) == entry.checksum for ok, row, entry in zip(readable, rows, entries)]
+        intact = [ok and block_checksum(row, self._piece_nbytes) == entry.checksum
+                  for ok, row, entry in zip(readable, rows, entries)]
         num_good = intact.index(False) if False in intact else len(entries)
-        work = _Work()
+        work = Work()
         with self._lock:
             for entry in entries:
                 entry.num_readers -= 1
@@ -219,7 +207,7 @@ class TieredBlockStore:
         """Moves every unpinned block above `to_tier` down into it (operators: drain before a
         restart; tests: force blocks onto NVMe). Returns how many moved."""
         target = self.tier_names.index(to_tier)
-        work = _Work()
+        work = Work()
         num_moved = 0
         with self._lock:
             for tier in range(target - 1, -1, -1):
@@ -245,7 +233,7 @@ class TieredBlockStore:
                 close()
 
     # ---- internals (lock held) ----
-    def _admit(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> int:
+    def _admit(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: Work) -> int:
         """Places new blocks as if put one by one: a batch larger than the tier puts its oldest
         blocks straight into the tier below. Returns how many leading blocks were placed."""
         overflow = len(entries) - self._tiers[tier].capacity_blocks if tier + 1 < len(self._tiers) else 0
@@ -255,7 +243,7 @@ class TieredBlockStore:
         self._place(tier, entries[overflow:overflow + room], rows[overflow:overflow + room], work)
         return num_below if num_below < overflow else overflow + room
 
-    def _make_room(self, tier: int, num_needed: int, work: _Work) -> int:
+    def _make_room(self, tier: int, num_needed: int, work: Work) -> int:
         """Frees slots in `tier` for up to `num_needed` blocks by moving its least recently used
         unpinned blocks one tier down, together (dropping them from the last tier); returns how
         many it has room for."""
@@ -278,7 +266,7 @@ class TieredBlockStore:
                 self.num_dropped += 1
         return min(num_needed, self._tiers[tier].num_free)
 
-    def _move(self, entries: list[_Entry], to_tier: int, work: _Work) -> None:
+    def _move(self, entries: list[_Entry], to_tier: int, work: Work) -> None:
         """Moves blocks (room made) into `to_tier` with one read per source tier and one write."""
         if not entries:
             return
@@ -291,7 +279,7 @@ class TieredBlockStore:
             self._forget(entry, work.events)
         self._place(to_tier, [entries[i] for i in moving], rows[moving], work)
 
-    def _promote(self, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
+    def _promote(self, entries: list[_Entry], rows: np.ndarray, work: Work) -> None:
         """Moves verified hits to the first tier with one write. Their old slots are freed first
         (the payloads are in hand), so the blocks they displace can move down into that room."""
         movers = []
@@ -323,7 +311,7 @@ class TieredBlockStore:
             if entry is not None and entry.key == key and key.block_hash in self._lru[entry.tier]:
                 self._lru[entry.tier].move_to_end(key.block_hash)
 
-    def _place(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
+    def _place(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: Work) -> None:
         """Puts blocks (room made) into `tier`: written now in memory, after the lock on disk."""
         if not entries:
             return
@@ -339,7 +327,7 @@ class TieredBlockStore:
             for entry, row in zip(entries, rows):
                 entry.pending = row
                 entry.num_readers += 1
-            work.slow_writes.append(_SlowWrite(tier, entries, rows))
+            work.slow_writes.append(SlowWrite(tier, entries, rows))
         else:
             self._tiers[tier].write_many(handles, [e.key for e in entries], rows, [e.checksum for e in entries])
 
@@ -367,7 +355,7 @@ class TieredBlockStore:
                 self._lru[index][key.block_hash] = None
 
     # ---- without the lock ----
-    def _finish(self, work: _Work) -> None:
+    def _finish(self, work: Work) -> None:
         """Writes the slow tiers' batches, unpins them (dropping what failed to write), then tells
         the listener."""
         for batch in work.slow_writes:

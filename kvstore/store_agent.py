@@ -73,7 +73,9 @@ class StoreAgent:
                                               namespace=compat.model_fingerprint, node="",
                                               ttl_s=settings.index_ttl_s, mesh_token=auth.token if auth else None)
                       if settings.redis_url else None)
-        self.store = TieredBlockStore(tiers, compat.block_nbytes)
+        self.store = TieredBlockStore(tiers, compat.block_nbytes,
+                                      piece_nbytes=[part_nbytes for num_parts, part_nbytes in pieces
+                                                    for _ in range(num_parts)])
         self._capacity_blocks = sum(tier.capacity_blocks for tier in tiers)
         self.exports = StoreExports(self.store, pieces, settings.export_bytes, hold_s=2 * settings.fetch_timeout_s)
         self.servicer = KVStoreServicer(compat, self.store, self.index, self.exports)

@@ -1,16 +1,35 @@
 """Batched I/O over a store's tiers, outside the store's lock: one read per tier for a batch of
-blocks, and the rows a batch is given as."""
+blocks, the writes to slow tiers a call left for after the lock, and the rows a batch is given as."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvstore.store_events import StoreEvent
 from kvstore.tier import BlockTier
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SlowWrite:
+    """Blocks placed in a slow tier under the lock, to be written once it is released."""
+
+    tier: int
+    entries: list      # the store's entries of the blocks, pinned until written
+    rows: np.ndarray
+
+
+@dataclass
+class Work:
+    """What one call changed under the lock, handled after it is released."""
+
+    events: list[StoreEvent] = field(default_factory=list)
+    slow_writes: list[SlowWrite] = field(default_factory=list)
 
 
 def read_placed(tiers: Sequence[BlockTier], placed: list[tuple[int, object, np.ndarray | None]],

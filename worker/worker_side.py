@@ -26,6 +26,7 @@ from kvstore.store_agent import StoreAgent
 from pdmesh.compat import fingerprint_seed, model_fingerprint
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.kv.block_hash import chain_block_hashes
+from pdmesh.kv.kv_layout import piece_sizes
 from pdmesh.kv.request_stats import PullStats, encode_stats
 from pdmesh.kv.tasks import RecvTask, StoreLoadTask
 from pdmesh.telemetry.tracing import extract_carrier, setup_tracing, shutdown_tracing, tracer
@@ -125,7 +126,8 @@ class ConnectorWorker:
                                    store=self.store, faults=self._faults)
         if self.store is not None:
             self.saver = StoreSaver(self.store, self._paged, self.producer.held, self._store_settings.save_queue_bytes)
-            control = KVPortClient(self.compat, self._store_settings.fetch_timeout_s, auth)
+            control = KVPortClient(self.compat, self._store_settings.fetch_timeout_s, auth,
+                                   piece_sizes(self._paged.regions()))   # the exports' blocks are laid out as the cache's
             readers = kv_readers(self._paged, self._transport, control, self._pull_timeout_s)
             self.store.connect(KVLinks(control, readers, store=True))
             self.store.attach(self.producer.address)

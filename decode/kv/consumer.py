@@ -30,7 +30,7 @@ from pdmesh.compat import tp_ratio
 from pdmesh.config import KVTransportSettings
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, Incompatible
 from pdmesh.kv.fault_hooks import NO_FAULTS, KVFaultHooks
-from pdmesh.kv.kv_layout import WHOLE
+from pdmesh.kv.kv_layout import WHOLE, piece_sizes
 from pdmesh.kv.request_stats import PullStats
 from pdmesh.kv.tasks import RecvTask
 from pdmesh.telemetry.tracing import extract_carrier, tracer
@@ -116,7 +116,9 @@ class KVConsumer:
         with self._lock:
             links = self._links.get(head_slice)
             if links is None:
-                control = KVPortClient(self._compat, self._pull_timeout_s, self._transport.auth)
+                # the producer's blocks hold the heads of this slice: pieces 1/k of this cache's
+                pieces = [[nbytes // head_slice[1] for nbytes in layer] for layer in piece_sizes(self._paged.regions())]
+                control = KVPortClient(self._compat, self._pull_timeout_s, self._transport.auth, pieces)
                 readers = kv_readers(self._paged, self._transport, control, self._pull_timeout_s, head_slice)
                 links = self._links[head_slice] = KVLinks(control, readers)
             return links

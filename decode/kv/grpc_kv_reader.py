@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-import xxhash
 
 from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import BlockHashMismatch, WorkerFailed
+from pdmesh.kv.checksum import piece_digest
 from pdmesh.kv.kv_layout import digest_matrix, piece_columns
 from pdmesh.transport.chunking import rows_of
 from pdmesh.transport.kv_transport import GRPC, PeerLink, ReadOptions
@@ -52,7 +52,7 @@ class GrpcKVReader:
             if digests is not None:
                 for row_index, row in enumerate(rows):
                     digests[num_landed + row_index, columns] = [
-                        xxhash.xxh3_64_intdigest(row[start:end]) for start, end in zip(offsets, offsets[1:])]
+                        piece_digest(row[start:end]) for start, end in zip(offsets, offsets[1:])]
             num_landed += len(blocks)
 
     def read_blocks(self, link: PeerLink, transfer_id: str, block_indexes: Sequence[int],

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import grpc
 
+from pdmesh.kv.checksum import pieces_of
 from pdmesh.kv.kv_layout import LayerRegion
 from pdmesh.status_map import error_from_rpc_error
 from pdmesh.transport.channels import ChannelCache
@@ -25,9 +26,13 @@ RELEASE_WAIT_S = 1.0  # how long a transfer thread waits for a Release's answer 
 
 
 class KVPortClient:
-    def __init__(self, compat: common_pb2.CompatInfo, timeout_s: float = 30.0, auth: MeshAuth | None = None) -> None:
+    def __init__(self, compat: common_pb2.CompatInfo, timeout_s: float = 30.0, auth: MeshAuth | None = None,
+                 layer_pieces: Sequence[Sequence[int]] | None = None) -> None:
+        """layer_pieces: each layer's piece sizes in the producer's blocks, which the gRPC pull's
+        checksums cover (pdmesh/kv/checksum.py; None: a block is one piece, on both ends)."""
         auth = auth or MeshAuth()
         self._compat = compat
+        self._layer_pieces = layer_pieces
         self._timeout_s = timeout_s
         self._metadata = auth.metadata()
         self._channels = ChannelCache(auth.tls)
@@ -83,7 +88,8 @@ class KVPortClient:
         outcome = "stopped (the reader went away)"
         try:
             yield from receive_runs(_timed(chunks, timing), self._compat.block_nbytes, len(block_indexes),
-                                    f"transfer {transfer_id}", verify=verify, tamper=tamper)
+                                    f"transfer {transfer_id}", verify=verify, tamper=tamper,
+                                    piece_nbytes=pieces_of(self._layer_pieces, layers))
             outcome = "received"
         except Exception as exc:
             outcome = f"failed: {exc}"

@@ -22,7 +22,8 @@ import numpy as np
 
 from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, WorkerFailed
-from pdmesh.kv.kv_layout import combine, first_difference
+from pdmesh.kv.checksum import combine
+from pdmesh.kv.kv_layout import first_difference
 from pdmesh.transport.kv_transport import KVReader, PeerLink, ReadOptions
 from pdmesh.v1 import kv_transfer_pb2
 

@@ -11,11 +11,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
-import xxhash
 
 from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import BlockHashMismatch, ChecksumMismatch, WorkerFailed
-from pdmesh.kv.kv_layout import (Copy, LayerRegion, combine, copy_plan, digest_matrix, first_difference, piece_columns,
+from pdmesh.kv.checksum import combine, piece_digest
+from pdmesh.kv.kv_layout import (Copy, LayerRegion, copy_plan, digest_matrix, first_difference, piece_columns,
                                  piece_index)
 from pdmesh.transport.kv_transport import PeerLink, ReadOptions
 
@@ -135,7 +135,7 @@ class RegisteredMemoryReader:
         (a second pass over memory would cost about as much as the copy), into `digests` (row:
         the copy's `first` and the blocks after it; None when not verifying)."""
         starts = piece_index(self._local)
-        digest = xxhash.xxh3_64_intdigest
+        digest = piece_digest
         for copy, (src, src_offset) in zip(copies, sources):  # memoryview slices: numpy's cost as much as a hash
             piece = self._local[copy.layer].part_nbytes
             chunk = max(1, CHUNK_NBYTES // piece) * piece

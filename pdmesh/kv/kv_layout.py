@@ -4,8 +4,8 @@ two caches: what the registered-memory transports (shared memory, Mooncake) exch
 A layer's block `b` is `num_parts` pieces (K and V when a layer keeps them apart, else one) of
 `part_nbytes` each, at `base + part * part_stride + b * block_stride`. A block's bytes, in wire
 order, are its layers' pieces in layer order: the bytes the gRPC path sends. The registered-memory
-transports checksum a block piece by piece (xxh3-64 of each piece, then of those digests in order),
-so a reader can hash each piece while it is still in cache from the copy that landed it.
+transports checksum a block piece by piece (pdmesh/kv/checksum.py, the one definition), so a
+reader can hash each piece while it is still in cache from the copy that landed it.
 No torch here: both ends and the benchmarks describe memory with plain numbers.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
+from pdmesh.kv.checksum import combine, piece_digest
 from pdmesh.v1 import kv_transfer_pb2
 
 WHOLE = (0, 1)  # head_slice (j, k): the j-th of k equal head ranges of each piece; WHOLE: every head
@@ -140,17 +140,12 @@ def first_difference(got: Sequence, want: Sequence) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
 
 
-def combine(piece_digests: np.ndarray) -> list[int]:
-    """Block checksums from their pieces' digests ((blocks, pieces) uint64, pieces in wire order)."""
-    return [xxhash.xxh3_64_intdigest(row.tobytes()) for row in piece_digests]
-
-
 def block_checksums(layers: Sequence[np.ndarray], regions: Sequence[LayerRegion],
                     block_ids: Sequence[int]) -> list[int]:
     """Each block's checksum, read in place from `layers` (each a flat uint8 view of its region from
     base): no gather."""
     digests = np.empty((len(block_ids), sum(r.num_parts for r in regions)), dtype=np.uint64)
-    digest, views = xxhash.xxh3_64_intdigest, [memoryview(view) for view in layers]  # slices cheaper than numpy's
+    digest, views = piece_digest, [memoryview(view) for view in layers]  # slices cheaper than numpy's
     column = 0
     for view, region in zip(views, regions):
         for part in range(region.num_parts):
@@ -160,13 +155,18 @@ def block_checksums(layers: Sequence[np.ndarray], regions: Sequence[LayerRegion]
     return combine(digests)
 
 
+def piece_sizes(regions: Sequence[LayerRegion]) -> list[list[int]]:
+    """Each layer's pieces' byte counts, in wire order (a block of these regions: all of them in turn)."""
+    return [[region.part_nbytes] * region.num_parts for region in regions]
+
+
 def row_checksums(rows: np.ndarray, regions: Sequence[LayerRegion]) -> list[int]:
     """block_checksums of gathered wire rows ((n, block_nbytes) uint8)."""
-    piece_nbytes = [r.part_nbytes for r in regions for _ in range(r.num_parts)]
+    piece_nbytes = [nbytes for layer in piece_sizes(regions) for nbytes in layer]
     digests = np.empty((len(rows), len(piece_nbytes)), dtype=np.uint64)
     for i, row in enumerate(rows):
         offset = 0
         for column, nbytes in enumerate(piece_nbytes):
-            digests[i, column] = xxhash.xxh3_64_intdigest(row[offset:offset + nbytes])
+            digests[i, column] = piece_digest(row[offset:offset + nbytes])
             offset += nbytes
     return combine(digests)

@@ -25,6 +25,7 @@ from opentelemetry.instrumentation.grpc import server_interceptor
 
 from pdmesh.compat import check_compatible, check_readable
 from pdmesh.errors import Incompatible, InvalidRequest, PDMeshError, TransferNotFound
+from pdmesh.kv.checksum import pieces_of
 from pdmesh.malformed_requests import RejectMalformedRequestsSync
 from pdmesh.status_map import error_metadata, grpc_status_of
 from pdmesh.telemetry.tracing import tracer
@@ -98,8 +99,12 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         store_exporters: Sequence[KVExporter] = (),
         progress: LayerProgress | None = None,
         read_layers: Callable[[list[int], range], np.ndarray] | None = None,
+        layer_pieces: Sequence[Sequence[int]] | None = None,
     ) -> None:
+        """layer_pieces: each layer's piece sizes in a block (of the cache and the store's exports
+        alike), which the gRPC pull's checksums cover (pdmesh/kv/checksum.py; None: one piece)."""
         self._compat = compat
+        self._layer_pieces = layer_pieces
         self._held = held
         self._read_blocks = read_blocks
         self._exporters = list(exporters)   # registered-memory transports, in order of preference
@@ -202,7 +207,9 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
         except PDMeshError as exc:
             self._abort(context, exc)
         rows = self._read_layers(block_ids, range(request.first_layer, request.end_layer))
-        yield from iter_chunks(list(request.block_indexes), rows, [b""] * len(block_ids), self._chunk_nbytes)
+        layers = range(request.first_layer, request.end_layer)
+        yield from iter_chunks(list(request.block_indexes), rows, [b""] * len(block_ids), self._chunk_nbytes,
+                               pieces_of(self._layer_pieces, layers))
         self._count(0, rows.nbytes, GRPC)
 
     def _stream(self, transfer: HeldTransfer, exported: bool, indexes: list[int], timing: PullTiming):
@@ -217,13 +224,14 @@ class KVTransferServicer(kv_transfer_pb2_grpc.KVTransferServicer):
             block_ids = [transfer.block_ids[i] for i in batch]
             hashes = [transfer.block_hashes[i] for i in batch]
             if per_read > 1 and read_run is not None:  # a message's bytes straight from the cache
-                chunk = run_chunk(batch, read_run(block_ids), self._compat.block_nbytes, hashes)
+                chunk = run_chunk(batch, read_run(block_ids), self._compat.block_nbytes, hashes,
+                                  pieces_of(self._layer_pieces))
                 yield chunk
                 timing.message()
                 nbytes = len(chunk.data)
             else:
                 rows = read_rows(block_ids)  # one gather per layer
-                for chunk in iter_chunks(batch, rows, hashes, self._chunk_nbytes):
+                for chunk in iter_chunks(batch, rows, hashes, self._chunk_nbytes, pieces_of(self._layer_pieces)):
                     yield chunk
                     timing.message()
                 nbytes = rows.nbytes

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from pdmesh.config import KVTransportSettings
 from pdmesh.kv.fault_hooks import NO_FAULTS, KVFaultHooks
+from pdmesh.kv.kv_layout import piece_sizes
 from pdmesh.kv.tasks import LayerwiseStep, SendTask
 from pdmesh.transport.affinity import widen_affinity
 from pdmesh.transport.kv_transport import GRPC, MOONCAKE, SHM
@@ -65,7 +66,8 @@ class KVProducer:
                                            serve_grpc=transport.allows(GRPC), read_run=paged.read_bytes,
                                            store=store.exports if store is not None else None,
                                            store_exporters=self._store_exporters, progress=self.progress,
-                                           read_layers=lambda ids, layers: paged.read_blocks(ids, layers).numpy())
+                                           read_layers=lambda ids, layers: paged.read_blocks(ids, layers).numpy(),
+                                           layer_pieces=piece_sizes(paged.regions()))
         self.server = GrpcKVServer(self.servicer, kv_host, kv_port,
                                    extra_services=[store.extra_service()] if store is not None else [],
                                    auth=transport.auth)
