@@ -145,6 +145,10 @@ class ConnectorWorker:
                 if self.saver is not None:
                     self.saver.submit(send)
                 self.producer.hold(send, written)
+        if meta.recvs and self.consumer is None or meta.loads and self._store_loads is None:
+            raise RuntimeError(f"reads sent to a worker that cannot do them: {len(meta.recvs)} pulls to a "
+                               f"{'consumer' if self.consumer else 'producer'}, {len(meta.loads)} store loads "
+                               f"{'with' if self._store_loads else 'without'} a store")
         for recv in meta.recvs:
             self.consumer.submit(recv)
         for load in meta.loads:

@@ -59,27 +59,37 @@ class KVProducer:
         # checksums of newly held blocks for the registered-memory transports, off the engine thread
         self._checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-kv-sum",
                                                  initializer=widen_affinity)
-        self.exporters = self._make_exporters()
-        self._store_exporters = self._make_store_exporters() if store is not None else []
-        self.servicer = KVTransferServicer(compat, self.held, lambda block_ids: paged.read_blocks(block_ids).numpy(),
-                                           exporters=self.exporters, block_checksums=paged.block_checksums,
-                                           serve_grpc=transport.allows(GRPC), read_run=paged.read_bytes,
-                                           store=store.exports if store is not None else None,
-                                           store_exporters=self._store_exporters, progress=self.progress,
-                                           read_layers=lambda ids, layers: paged.read_blocks(ids, layers).numpy(),
-                                           layer_pieces=piece_sizes(paged.regions()))
-        self.server = GrpcKVServer(self.servicer, kv_host, kv_port,
-                                   extra_services=[store.extra_service()] if store is not None else [],
-                                   auth=transport.auth)
+        self.exporters: list = []          # the registered-memory transports this producer offers, best first
+        self._store_exporters: list = []   # those other nodes read this node's store exports with
+        try:
+            self._make_exporters()
+            if store is not None:
+                self._make_store_exporters()
+            self.servicer = KVTransferServicer(compat, self.held, lambda block_ids: paged.read_blocks(block_ids).numpy(),
+                                               exporters=self.exporters, block_checksums=paged.block_checksums,
+                                               serve_grpc=transport.allows(GRPC), read_run=paged.read_bytes,
+                                               store=store.exports if store is not None else None,
+                                               store_exporters=self._store_exporters, progress=self.progress,
+                                               read_layers=lambda ids, layers: paged.read_blocks(ids, layers).numpy(),
+                                               layer_pieces=piece_sizes(paged.regions()))
+            self.server = GrpcKVServer(self.servicer, kv_host, kv_port,
+                                       extra_services=[store.extra_service()] if store is not None else [],
+                                       auth=transport.auth)
+        except BaseException:   # a port that did not bind: what was moved, registered or started is undone
+            self._close_exporters()
+            self._checksum_pool.shutdown(wait=False)
+            if isinstance(self._reports, DeviceOrderedProgress):
+                self._reports.close()
+            raise
         self.address = f"{advertise_host}:{advertise_port or int(self.server.address.rsplit(':', 1)[1])}"
         logger.info("pdmesh KV server on %s%s, transports %s", self.server.address,
                     " (with KV store)" if store is not None else "",
                     [e.transport for e in self.exporters] + ([GRPC] if transport.allows(GRPC) else []))
 
-    def _make_exporters(self) -> list:
+    def _make_exporters(self) -> None:
         """The registered-memory transports this producer offers, best first. The shared-memory move
         comes first: it changes the cache's addresses, which Mooncake then registers."""
-        exporters, paged, transport = [], self._paged, self._transport
+        exporters, paged, transport = self.exporters, self._paged, self._transport
         if transport.allows(SHM) and paged.in_place:
             try:
                 exporters.append(ShmKVExporter(paged.share_memory()))
@@ -89,19 +99,17 @@ class KVProducer:
             exporters.append(MooncakeKVExporter(self._mooncake_engine(), paged.regions()))
         if transport.kv_transport not in ("auto", GRPC) and not exporters:
             raise RuntimeError(f"kv_transport={transport.kv_transport} is not available in this process")
-        return exporters
 
-    def _make_store_exporters(self) -> list:
+    def _make_store_exporters(self) -> None:
         """The registered-memory transports other nodes read this node's store exports with (its
         export slab is host memory, on every device)."""
-        exports, exporters = self._store.exports, []
+        exports, exporters = self._store.exports, self._store_exporters
         shared = exports.shared_regions()
         if self._transport.allows(SHM) and shared is not None:
             exporters.append(ShmKVExporter(shared))
         if self._transport.allows(MOONCAKE) and mooncake_available():
             exporters.append(MooncakeKVExporter(self._mooncake_engine(), exports.regions(),
                                                 registered=[exports.registered_region()]))
-        return exporters
 
     def start_step(self, layerwise_steps: list[LayerwiseStep], minted: list[str], unheld: list[str], meta) -> None:
         """A step's producer work before its forward: ids minted and dropped, layer-wise steps begun."""
@@ -198,5 +206,8 @@ class KVProducer:
         if isinstance(self._reports, DeviceOrderedProgress):
             self._reports.close()
         self.server.stop(grace_s=0.5)
+        self._close_exporters()
+
+    def _close_exporters(self) -> None:
         for exporter in self.exporters + self._store_exporters:
             exporter.close()

@@ -86,7 +86,7 @@ def test_an_export_to_another_node_holds_nothing_for_another_prompt(colliding_na
 
 def test_an_nvme_tier_written_under_xxh3_names_is_emptied_at_start(tmp_path, monkeypatch):
     with monkeypatch.context() as before:
-        before.setattr(disk_tier, "VERSION", 2)   # the journal format of the xxh3-128 names
+        before.setattr(disk_tier, "VERSION", 2)   # the journal format of the xxh3-128 names (any older one)
         old = three_tier_store(tmp_path, nvme_blocks=4)
         for i, key in enumerate(keys(2)):
             old.put(key, payload(i))
