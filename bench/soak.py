@@ -56,10 +56,16 @@ async def soak(spec: MeshSpec, seconds: float, num_streams: int, sample_every_s:
                               warmup_requests=WARMUP_REQUESTS)
 
 
+def headline(num_requests: int, seconds: float, num_streams: int, num_warmup_requests: int, warmup_s: float,
+             outcomes: dict[str, int]) -> str:
+    return (f"{num_requests - num_warmup_requests} requests in {seconds / 60:.0f} min on {num_streams} streams, "
+            f"after a warm-up of {num_warmup_requests} requests ({warmup_s / 60:.1f} min); outcomes of all "
+            f"{num_requests}: {outcomes}")
+
+
 def markdown(result: SoakResult) -> str:
-    lines = [f"{result.requests} requests over {result.seconds / 60:.0f} min on {result.num_streams} streams "
-             f"after a warm-up of {result.start.num_requests_ended} requests ({result.start.at_s / 60:.1f} min); "
-             f"outcomes {result.outcomes}", "", "| check | passed | start -> end |", "|---|---|---|"]
+    lines = [headline(result.requests, result.seconds, result.num_streams, result.start.num_requests_ended,
+                      result.start.at_s, result.outcomes), "", "| check | passed | start -> end |", "|---|---|---|"]
     lines += [f"| {c.name} | {'yes' if c.passed else 'NO'} | {c.detail} |" for c in result.checks]
     lines += ["", f"Longest stretch with requests in flight and none ending: {result.longest_silence_s:.1f} s "
               f"from {result.longest_silence_from}."]

@@ -122,7 +122,13 @@ class WorkerPool:
             worker.in_flight -= 1
 
     async def any_info(self) -> worker_pb2.WorkerInfoResponse:
-        return (await self.candidates("decode"))[0].info
+        """A decode worker's info (the model, its limits). A worker listed may be marked down by
+        another request before its info is read: then another's, or NoWorkerAvailable."""
+        for worker in await self.candidates("decode"):
+            info = worker.info
+            if info is not None:
+                return info
+        raise NoWorkerAvailable("every decode worker went down while this request was checked")
 
     def release_kv_soon(self, prefill: Worker | None, handle: common_pb2.KVHandle) -> None:
         """Frees a prefill's pinned blocks decode will not take, without waiting (works while cancelled)."""

@@ -30,6 +30,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.kv_address = kv_address
         self.fail_decode = fail_decode
         self.fail_after = fail_after   # decode: streams this many tokens, then dies (UNAVAILABLE)
+        self.num_calls_to_cut = 0      # decode: this many calls die after one token (a reset connection), then none
         self.fail_prefill = fail_prefill  # prefill: dies (UNAVAILABLE) after a moment
         self.num_cancelled = 0          # decode: calls the gateway cancelled while they waited for KV
         self.prefilled = asyncio.Event()  # a prefill answered: a layer-wise decode waits for one
@@ -102,8 +103,10 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             await self._pull(request.kv.transfer_id, context)
         token_ids = request.prompt_token_ids[:request.sampling.max_tokens]
         last = len(token_ids) - 1 if self.finish_with_last_token else None
+        cut = self.num_calls_to_cut > 0
+        self.num_calls_to_cut -= cut
         for i, token_id in enumerate(token_ids):
-            if i == self.fail_after:
+            if i == self.fail_after or cut and i == 1:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died mid-stream")
             if i != last:
                 yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")

@@ -63,6 +63,21 @@ async def test_decode_failing_before_its_first_token_is_retried_invisibly(tiny_l
     assert (last.transfer.num_failovers, last.transfer.resumed_at_token) == (1, 0)
 
 
+async def test_a_request_cut_on_every_decode_retries_one_that_is_back(tiny_llama_dir):
+    """Connections reset on both decodes in turn (the fault campaign's drop_decode_stream, 2 s apart):
+    the request failed on each, yet both serve again a moment later. It resumes on one of them, not
+    UNAVAILABLE (within its attempts; the pool still skips a worker cooling down)."""
+    first, second = FakeWorker("decode"), FakeWorker("decode")
+    first.num_calls_to_cut = second.num_calls_to_cut = 1
+    gateway, address, prefill, addresses = await _mesh(tiny_llama_dir, [first, second], worker_cooldown_s=0.2)
+    try:
+        token_ids, _, last = await generate(address, make_request([0, 7, 9, 11, 13, 15], max_tokens=6))
+    finally:
+        await _stop(gateway, [prefill, first, second])
+    assert len(token_ids) == 6 and last.transfer.num_failovers == 2
+    assert (len(first.requests), len(second.requests)) in ((2, 1), (1, 2))
+
+
 async def test_a_workers_own_internal_error_is_not_retried_but_a_torn_down_call_is(tiny_llama_dir):
     """A worker's handler failing on the request (its InternalError: a bug, what the engine refused) would
     fail on any worker: the client gets INTERNAL at once. INTERNAL with no such name (the transport's,

@@ -166,24 +166,28 @@ def test_gateway_imports_neither_torch_nor_vllm():
 
 
 async def test_failed_decode_releases_the_prefill_kv_at_once(tiny_llama_dir):
-    """Through the prefill worker's own service: the gateway never calls the KV port (mesh peers only)."""
+    """Through the prefill worker's own service: the gateway never calls the KV port (mesh peers only).
+    The only decode fails every call yet answers GetInfo: each of the request's attempts retries it
+    (it may have been a reset connection), and each attempt's prefill KV is released."""
     gateway, address, prefill, decode = await _start(tiny_llama_dir, fail_decode=True)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await generate(address, make_request([0, 5], max_tokens=1, request_id="r9"))
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert re.fullmatch(r"decode worker 127\.0\.0\.1:\d+ failed: decode engine died", info.value.details())
-        assert await released(prefill) == [f"t-{prefill.requests[0].request_id}"]
+        attempts = [f"t-{request.request_id}" for request in prefill.requests]
+        assert len(attempts) == GatewaySettings().max_attempts
+        assert sorted(await released(prefill, num_expected=len(attempts))) == sorted(attempts)
     finally:
         await gateway.stop(0)
         await prefill.server.stop(0)
         await decode.server.stop(0)
 
 
-async def released(prefill, timeout_s: float = 5.0) -> list[str]:
+async def released(prefill, timeout_s: float = 5.0, num_expected: int = 1) -> list[str]:
     """The gateway releases KV in the background: the transfers released within timeout_s."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not prefill.released and asyncio.get_running_loop().time() < deadline:
+    while len(prefill.released) < num_expected and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
     return prefill.released
 

@@ -88,3 +88,21 @@ def test_pairing_skips_decodes_marked_down_since_they_were_listed():
     assert WorkerPool.compatible_with(prefill, [down, up]) == [up]
     with pytest.raises(NoWorkerAvailable):
         WorkerPool.compatible_with(prefill, [down])
+
+
+async def test_the_model_info_of_a_decode_marked_down_while_listed_is_not_read(monkeypatch):
+    """A request checks its prompt against a decode's info; another request may mark that decode down
+    (its info dropped) between the listing and the read: the request takes another's, or gets
+    NoWorkerAvailable (503), never an AttributeError (INTERNAL, 6 times in the fault campaign)."""
+    pool = WorkerPool([], [])
+    gone = Worker("127.0.0.1:1", "decode", channel=None)
+    live = Worker("127.0.0.1:2", "decode", channel=None, info=info("decode"))
+
+    async def listed(role, exclude=frozenset()):
+        return [gone, live]
+
+    monkeypatch.setattr(pool, "candidates", listed)
+    assert await pool.any_info() is live.info
+    live.info = None
+    with pytest.raises(NoWorkerAvailable):
+        await pool.any_info()
