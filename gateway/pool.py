@@ -76,18 +76,21 @@ class WorkerPool:
         for address in [a for a, w in self._workers.items() if not w.static and a not in seen]:
             self._background.spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
 
-    async def candidates(self, role: str, exclude: set[str] = frozenset()) -> list[Worker]:
-        """Workers of `role` not cooling down, not excluded, whose info is known (asked now if not).
-        When none is, the workers cooling down are asked whether they are back (a restarted one
-        answers within a second), for up to wait_s, before the request fails."""
+    async def candidates(self, role: str, avoid: set[str] = frozenset()) -> list[Worker]:
+        """Workers of `role` not cooling down whose info is known (asked now if not); those in
+        `avoid` (they failed the request asking) only while no other is. When none is up, every
+        worker of the role cooling down is asked whether it is back (a restarted one answers within
+        a second; one that failed the request counts too: a reset connection fails a request on a
+        worker that serves again a moment later), for up to wait_s, before the request fails."""
         if self._registry is not None:
             self.sync_registry(self._registry.snapshot())
         now = time.monotonic()
-        workers = [w for w in self.workers(role) if w.down_until <= now and w.address not in exclude]
+        workers = [w for w in self.workers(role) if w.down_until <= now]
         ok = await asyncio.gather(*(self._ensure_info(w) for w in workers))
-        found = [w for w, has_info in zip(workers, ok) if has_info]
+        up = [w for w, has_info in zip(workers, ok) if has_info]
+        found = [w for w in up if w.address not in avoid] or up
         if not found and self._wait_s > 0:
-            found = await self._first_back([w for w in self.workers(role) if w.address not in exclude])
+            found = await self._first_back(self.workers(role))
         if not found:
             raise NoWorkerAvailable(f"no reachable {role} worker among {[w.address for w in self.workers(role)]}")
         return found

@@ -182,7 +182,7 @@ class RequestRun:
         prefill = state.prefill = await self._pick_prefill(prompt)
         state.decode = None
         state.prefill_seconds = state.handoff_seconds = 0.0   # the figures are the latest attempt's
-        candidates = await self._candidates("decode")
+        candidates = await self._pool.candidates("decode", self._excluded)
         if prefill.info is None:   # another request's failed call marked it down while this one waited
             self._excluded.add(prefill.address)
             raise _Retry(errors.WorkerFailed(f"prefill worker {prefill.address} went down"))
@@ -220,19 +220,8 @@ class RequestRun:
                             prefilled.kv.transfer_id)
                 self._pool.release_kv_soon(prefill, prefilled.kv)
 
-    async def _candidates(self, role: str) -> list[Worker]:
-        """Workers of `role` that have not failed this request; once none is left, those that did:
-        a reset connection or a restart fails a request on a worker that serves again a moment later
-        (the pool still skips one cooling down, and waits for one to come back)."""
-        try:
-            return await self._pool.candidates(role, self._excluded)
-        except errors.NoWorkerAvailable:
-            if not self._excluded:
-                raise
-            return await self._pool.candidates(role)
-
     async def _pick_prefill(self, prompt: list[int]) -> Worker:
-        workers = await self._candidates("prefill")
+        workers = await self._pool.candidates("prefill", self._excluded)
         return await self._policy.pick_prefill(workers, prompt, self.request.cache_salt)
 
     async def _prefill(self, prefill: Worker, prompt: list[int],

@@ -75,8 +75,8 @@ async def test_a_request_fails_unavailable_when_no_worker_comes_back_within_the_
         with pytest.raises(NoWorkerAvailable, match="no reachable prefill worker"):
             await pool.candidates("prefill")
         assert 0.5 <= time.monotonic() - started < 1.5
-        with pytest.raises(NoWorkerAvailable):   # excluded workers are not waited for
-            await pool.candidates("prefill", exclude={address})
+        with pytest.raises(NoWorkerAvailable):   # one the request avoids is asked too: it is not back
+            await pool.candidates("prefill", avoid={address})
     finally:
         await pool.close()
 
@@ -98,7 +98,7 @@ async def test_the_model_info_of_a_decode_marked_down_while_listed_is_not_read(m
     gone = Worker("127.0.0.1:1", "decode", channel=None)
     live = Worker("127.0.0.1:2", "decode", channel=None, info=info("decode"))
 
-    async def listed(role, exclude=frozenset()):
+    async def listed(role, avoid=frozenset()):
         return [gone, live]
 
     monkeypatch.setattr(pool, "candidates", listed)
