@@ -60,12 +60,13 @@ def _worker(model_dir: Path, is_producer: bool, transport: str, num_blocks: int)
 # ---- the producer process ----
 def serve(spec_path: Path) -> None:
     from pdmesh.kv.tasks import SendTask
+    from tests.kv_task_names import named
     from worker.metadata import PDMeshConnectorMetadata
 
     spec = json.loads(spec_path.read_text())
     os.sched_setaffinity(0, {0})
     worker, _ = _worker(Path(spec["model_dir"]), True, "auto", spec["num_blocks"])
-    sends = [SendTask(transfer_id, list(range(num_blocks)), _tokens(num_blocks, salt))
+    sends = [named(worker, SendTask(transfer_id, list(range(num_blocks)), _tokens(num_blocks, salt)))
              for transfer_id, num_blocks, salt in spec["transfers"]]
     worker.start_tasks(PDMeshConnectorMetadata(sends=sends))
     engine = worker.producer.exporters[-1]._engine if worker.producer.exporters else None
@@ -80,10 +81,11 @@ def _read(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) 
     """Seconds of one read through the consumer's transport, as decode's pull does it: from the
     start of the pull to the request reported received (the release follows, off its path)."""
     from pdmesh.kv.tasks import RecvTask
+    from tests.kv_task_names import named
 
-    task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
-                    kv_address=address, block_indexes=list(range(num_blocks)),
-                    local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt))
+    task = named(consumer, RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
+                                    kv_address=address, block_indexes=list(range(num_blocks)),
+                                    local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt)))
     consumer.consumer._receive(task)
     stats = consumer._stats_pending.pop(transfer_id)
     seconds = stats["seconds"]

@@ -18,7 +18,7 @@ import torch
 
 from decode.kv.kv_links import KVLinks
 from decode.kv.kv_port_client import wait_briefly
-from kvstore.block_key import BlockKey, block_keys, keys_of
+from kvstore.block_key import BlockKey, keys_of
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.disk_tier import DiskTier
@@ -28,7 +28,6 @@ from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import device_tier, host_tier
 from kvstore.store_export import StoreExports
 from kvstore.tier import BlockTier
-from pdmesh.compat import fingerprint_seed
 from pdmesh.config import StoreSettings
 from pdmesh.errors import BlockHashMismatch, Overloaded, PDMeshError, TransferNotFound
 from pdmesh.kv.fault_hooks import NO_FAULTS, KVFaultHooks
@@ -67,7 +66,6 @@ class StoreAgent:
                  faults: KVFaultHooks = NO_FAULTS) -> None:
         """pieces: (num_parts, part_nbytes) of each layer of the engine's KV cache."""
         self._block_size = compat.block_size
-        self._seed = fingerprint_seed(compat)
         tiers = build_tiers(settings, compat.block_nbytes, device, faults)
         self.index = (RedisBlockIndex.connect(settings.redis_url, settings.redis_password,
                                               namespace=compat.model_fingerprint, node="",
@@ -111,7 +109,7 @@ class StoreAgent:
 
     def missing_blocks(self, send: SendTask) -> list[tuple[BlockKey, int]]:
         """(key, engine block id) of the prompt's full blocks the store lacks, in prompt order."""
-        keys = keys_of(send.block_hashes, send.token_ids, self._block_size)  # hashed once, when the send arrived
+        keys = keys_of(send.block_hashes, send.token_ids, self._block_size)  # the request's, hashed once
         return [(key, block_id) for key, block_id in zip(keys, send.block_ids) if not self.store.has(key)]
 
     def touch_prompt(self, send: SendTask) -> None:
@@ -133,7 +131,7 @@ class StoreAgent:
         other nodes' through the links `connect` gave); stops at the first that fails, or once
         loading has taken `budget_s` (what computing the blocks would cost): the rest is computed."""
         started = time.perf_counter()
-        keys = block_keys(self._seed, task.token_ids, self._block_size, task.extra_key)
+        keys = keys_of(task.block_hashes, task.token_ids, self._block_size)   # the request's, hashed once
         planned = list(zip(task.block_indexes, task.local_block_ids, task.nodes))
         stats = StoreLoadStats(num_local_tokens=task.num_local_tokens, budget_s=budget_s)
         deadline = started + budget_s

@@ -35,15 +35,17 @@ class StoreLookup:
         self._timeout_s = timeout_s
         self._client = GrpcStoreClient(compat=None, timeout_s=timeout_s, auth=auth)
 
-    def nodes_of_cached_prefix(self, prompt_token_ids: Sequence[int], extra_key: bytes) -> list[str]:
-        """For each block of the longest cached prefix, the node holding it ("" = this one).
-        Any failure is a miss: the prompt is computed."""
+    def nodes_of_cached_prefix(self, prompt_token_ids: Sequence[int], block_hashes: Sequence[bytes]) -> list[str]:
+        """For each block of the longest cached prefix, the node holding it ("" = this one), from the
+        names of the prompt's blocks (the request's, hashed once). Any failure is a miss: the prompt is
+        computed."""
         num_blocks = num_loadable_blocks(len(prompt_token_ids), self._block_size)
         if num_blocks == 0:
             return []
         try:
             sources = self._client.lookup(self._store_address, prompt_token_ids[:num_blocks * self._block_size],
-                                          extra_key, include_remote=True, timeout_s=self._timeout_s)
+                                          include_remote=True, timeout_s=self._timeout_s,
+                                          block_hashes=block_hashes[:num_blocks])
         except PDMeshError as exc:
             logger.warning("KV store lookup failed (%s); computing the prompt", exc)
             return []
@@ -65,12 +67,13 @@ class AsyncStoreLookup:
         self._clock = clock
         self.num_given_up = 0   # lookups not answered within max_wait_s: those prompts were computed
 
-    def poll(self, request_id: str, prompt_token_ids: Sequence[int], extra_key: bytes) -> list[str] | None:
+    def poll(self, request_id: str, prompt_token_ids: Sequence[int],
+             block_hashes: Sequence[bytes]) -> list[str] | None:
         """The nodes of the cached prefix once known (then forgotten here); None while the lookup runs;
         [] (a miss) once the request has waited max_wait_s."""
         pending = self._pending.get(request_id)
         if pending is None:
-            future = self._pool.submit(self._lookup.nodes_of_cached_prefix, list(prompt_token_ids), extra_key)
+            future = self._pool.submit(self._lookup.nodes_of_cached_prefix, list(prompt_token_ids), list(block_hashes))
             self._pending[request_id] = (future, self._clock())
             return None
         future, asked_at = pending

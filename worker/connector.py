@@ -17,6 +17,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
 from kvstore.store_lookup import AsyncStoreLookup, StoreLookup
+from pdmesh.compat import model_fingerprint
 from pdmesh.config import ConnectorSettings, StoreSettings
 from pdmesh.telemetry.logs import configure_engine_logging
 from pdmesh.transport.affinity import all_cores
@@ -48,6 +49,8 @@ class PDMeshConnector(KVConnectorBase_V1):
         spin_s = settings.queue_spin_s
         set_queue_spin(default_spin_s() if spin_s is None else spin_s)  # this engine process's queues
         block_size = vllm_config.cache_config.block_size
+        # what both halves name blocks under: the scheduler side hashes, the worker side's CompatInfo says it
+        self._fingerprint = _configured_fingerprint(vllm_config)
         self._scheduler: ConnectorScheduler | None = None
         self._worker: ConnectorWorker | None = None
         self._quiet: QuietSteps | None = None
@@ -78,7 +81,8 @@ class PDMeshConnector(KVConnectorBase_V1):
                 install_quiet_steps()
             except OSError as exc:  # no abstract unix sockets here: every step goes to the workers
                 logger.warning("engine steps will not skip the workers while requests wait for KV: %s", exc)
-        return ConnectorScheduler(block_size, settings.kv_advertise_address, lookup, tp_size=tp_size)
+        return ConnectorScheduler(block_size, settings.kv_advertise_address, self._fingerprint.encode(), lookup,
+                                  tp_size=tp_size)
 
     def _make_worker(self, vllm_config, settings: ConnectorSettings, block_size: int,
                      store: StoreSettings | None) -> ConnectorWorker:
@@ -101,6 +105,9 @@ class PDMeshConnector(KVConnectorBase_V1):
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.worker.register_kv_caches(kv_caches, self._kv_cache_config.num_blocks)
+        if self.worker.compat.model_fingerprint != self._fingerprint:   # the cache is not of the configured dtype
+            raise RuntimeError(f"the KV cache holds {self.worker.compat.dtype}, not the configured dtype: the "
+                               "scheduler side would name its blocks under another model fingerprint")
 
     def bind_connector_metadata(self, connector_metadata: PDMeshConnectorMetadata) -> None:
         """Starts the step's tasks here, before its forward: vLLM calls start_load_kv only after the
@@ -178,3 +185,13 @@ def _tp_rank() -> int:
         return get_tensor_model_parallel_rank()
     except (AssertionError, ImportError, RuntimeError):
         return 0
+
+
+def _configured_fingerprint(vllm_config: "VllmConfig") -> str:
+    """The model fingerprint (pdmesh/compat.py) of the KV cache this configuration allocates: the
+    scheduler side, which sees no cache, names blocks under it."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+    dtype = kv_cache_dtype_str_to_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config)
+    return model_fingerprint(vllm_config.model_config.model, str(dtype).removeprefix("torch."),
+                             vllm_config.cache_config.block_size)

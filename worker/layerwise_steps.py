@@ -14,13 +14,9 @@ from pdmesh.kv.tasks import LayerwiseStep
 class _Prefilling:
     transfer_id: str
     pdmesh_request_id: str
-    prompt_token_ids: list[int]
-    extra_key: bytes
+    num_prompt_tokens: int
+    block_hashes: list[bytes]   # the prompt's chained block names (worker/prompt_hashes.py)
     block_ids: list[int] = field(default_factory=list)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
 
 
 class LayerwiseSteps:
@@ -29,11 +25,11 @@ class LayerwiseSteps:
         self._restarted: list[str] = []
         self._ended: list[str] = []
 
-    def track(self, request_id: str, transfer_id: str, pdmesh_request_id: str, prompt_token_ids: list[int],
-              extra_key: bytes = b"") -> None:
+    def track(self, request_id: str, transfer_id: str, pdmesh_request_id: str, num_prompt_tokens: int,
+              block_hashes: list[bytes]) -> None:
         """A layer-wise request was allocated blocks (again, after a preemption: kept as it is)."""
-        self._prefilling.setdefault(request_id, _Prefilling(transfer_id, pdmesh_request_id, list(prompt_token_ids),
-                                                            extra_key))
+        self._prefilling.setdefault(request_id, _Prefilling(transfer_id, pdmesh_request_id, num_prompt_tokens,
+                                                            block_hashes))
 
     def finish(self, request_id: str, transfer_id: str, held: bool) -> None:
         """The request left the engine (perhaps before it was ever scheduled); held: its blocks are
@@ -82,5 +78,4 @@ class LayerwiseSteps:
         after = min(num_computed_tokens + num_scheduled_tokens, prefilling.num_prompt_tokens)
         completes = before < after == prefilling.num_prompt_tokens  # this step computes its last tokens
         return LayerwiseStep(prefilling.transfer_id, prefilling.pdmesh_request_id, list(prefilling.block_ids),
-                             before, after, prefilling.prompt_token_ids if completes else None,
-                             prefilling.extra_key if completes else b"")
+                             before, after, prefilling.block_hashes if completes else None)

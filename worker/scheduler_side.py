@@ -20,6 +20,7 @@ from pdmesh.kv import params as kvp
 from pdmesh.kv.tasks import RecvTask, SendTask, StoreLoadTask
 from worker.layerwise_steps import LayerwiseSteps
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
+from worker.prompt_hashes import PromptHashes
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -37,9 +38,11 @@ def _salt(request: "Request") -> bytes:
 
 
 class ConnectorScheduler:
-    def __init__(self, block_size: int, kv_address: str, store_lookup: AsyncStoreLookup | None = None,
-                 max_stats: int = 10_000, tp_size: int = 1) -> None:
+    def __init__(self, block_size: int, kv_address: str, block_seed: bytes,
+                 store_lookup: AsyncStoreLookup | None = None, max_stats: int = 10_000, tp_size: int = 1) -> None:
+        """block_seed: the model fingerprint's (pdmesh/compat.py), as the worker side's CompatInfo names it."""
         self._block_size = block_size
+        self._hashes = PromptHashes(block_seed, block_size)
         self._kv_address = kv_address
         self._tp_size = tp_size  # this engine's tensor-parallel ranks (a producer's handles say it)
         self._store = store_lookup
@@ -71,8 +74,8 @@ class ConnectorScheduler:
             self._mint_transfer_id(request.request_id)
         if params and params.get(kvp.LAYERWISE_TRANSFER_ID):
             self._layerwise.track(request.request_id, str(params[kvp.LAYERWISE_TRANSFER_ID]),
-                                  params.get(kvp.PDMESH_REQUEST_ID, request.request_id), request.prompt_token_ids,
-                                  _salt(request))
+                                  params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
+                                  request.num_prompt_tokens, self._prompt_hashes(request))
         self._plan_store_load(request, blocks, num_external_tokens)
 
     def _mint_transfer_id(self, request_id: str) -> None:
@@ -89,7 +92,7 @@ class ConnectorScheduler:
             return 0, False  # one load per request: after a failed one, vLLM recomputes
         nodes = self._store_plans.get(request.request_id)
         if nodes is None:  # asked again while the request waits for room: reuse the answer
-            nodes = self._store.poll(request.request_id, request.prompt_token_ids, _salt(request))
+            nodes = self._store.poll(request.request_id, request.prompt_token_ids, self._prompt_hashes(request))
             if nodes is None:
                 return None, False  # not yet: vLLM skips the request this step and asks again
             self._store_plans[request.request_id] = nodes
@@ -111,6 +114,7 @@ class ConnectorScheduler:
             pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
             token_ids=list(request.prompt_token_ids[:num_cached_tokens]),
             extra_key=_salt(request),
+            block_hashes=self._prompt_hashes(request, num_cached_tokens),
             block_indexes=block_indexes,
             local_block_ids=[local_block_ids[i] for i in block_indexes],
             nodes=[nodes[i] for i in block_indexes],
@@ -149,6 +153,7 @@ class ConnectorScheduler:
             block_indexes=block_indexes,
             local_block_ids=[local_block_ids[i] for i in block_indexes],
             token_ids=list(request.prompt_token_ids[:num_remote_tokens]),
+            block_hashes=self._prompt_hashes(request, num_remote_tokens),
             num_local_tokens=num_local_tokens,
             extra_key=_salt(request),
             trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
@@ -166,6 +171,12 @@ class ConnectorScheduler:
 
     # ---- producer ----
     def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        try:
+            return self._request_finished(request, block_ids)
+        finally:
+            self._hashes.forget(request.request_id)
+
+    def _request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._store_plans.pop(request.request_id, None)
         if self._store is not None:
             self._store.forget(request.request_id)
@@ -201,7 +212,8 @@ class ConnectorScheduler:
                                     extra_key=_salt(request),
                                     pdmesh_request_id=params.get(kvp.PDMESH_REQUEST_ID, request.request_id),
                                     trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
-                                    engine_request_id=request.request_id))
+                                    engine_request_id=request.request_id,
+                                    block_hashes=self._prompt_hashes(request, num_tokens)))
         handle = kvp.handle_params(kvp.KVHandle(transfer_id, self._kv_address, tuple(block_ids), num_tokens,
                                                 self._tp_size))
         handle[kvp.LOADED_FROM_STORE] = loaded_from_store
@@ -210,6 +222,10 @@ class ConnectorScheduler:
         return True, handle
 
     # ---- both ----
+    def _prompt_hashes(self, request: "Request", num_tokens: int | None = None) -> list[bytes]:
+        """The names of the blocks holding the prompt's first num_tokens tokens (hashed once per request)."""
+        return self._hashes.of(request.request_id, request.prompt_token_ids, _salt(request), num_tokens)
+
     def has_work_for_workers(self) -> bool:
         """The next step's metadata would tell the workers something."""
         news = self._sends or self._recvs or self._loads or self._minted or self._unheld

@@ -23,9 +23,8 @@ from decode.kv.kv_port_client import KVPortClient
 from decode.kv.peer_tasks import PerPeerExecutor
 from decode.kv.transfer_stats import TransferLedger
 from kvstore.store_agent import StoreAgent
-from pdmesh.compat import fingerprint_seed, model_fingerprint
+from pdmesh.compat import model_fingerprint
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
-from pdmesh.kv.block_hash import chain_block_hashes
 from pdmesh.kv.kv_layout import piece_sizes
 from pdmesh.kv.request_stats import PullStats, encode_stats
 from pdmesh.kv.tasks import RecvTask, StoreLoadTask
@@ -107,7 +106,7 @@ class ConnectorWorker:
         else:
             self.consumer = KVConsumer(paged=self._paged, compat=self.compat, block_size=self._block_size,
                                        transport=self._transport, pull_timeout_s=self._pull_timeout_s,
-                                       on_received=self._received, block_hashes=self._block_hashes,
+                                       on_received=self._received,
                                        tp_rank=self._tp_rank, tp_size=self._tp_size, thread_cpus=self._thread_cpus,
                                        faults=self._faults)
 
@@ -121,7 +120,6 @@ class ConnectorWorker:
                                    kv_host=self._kv_host, kv_port=self._kv_port,
                                    advertise_host=self._kv_advertise_host, advertise_port=self._kv_advertise_port,
                                    hold_timeout_s=self._hold_timeout_s, transport=self._transport,
-                                   block_hashes=self._block_hashes,
                                    mooncake_engine=lambda: mooncake_engine(self._transport, self._pull_timeout_s),
                                    store=self.store, faults=self._faults)
         if self.store is not None:
@@ -141,7 +139,7 @@ class ConnectorWorker:
         if self.producer is not None:
             self.producer.start_step(meta.layerwise_steps, meta.minted_transfer_ids, meta.unheld_transfer_ids, meta)
             for send in meta.sends:
-                written = self.producer.name_blocks(send)
+                written = self.producer.adopt_written(send)
                 if self.saver is not None:
                     self.saver.submit(send)
                 self.producer.hold(send, written)
@@ -233,11 +231,6 @@ class ConnectorWorker:
         if self._wakeups is not None:
             self._wakeups.close()
         shutdown_tracing(self._tracer_provider)
-
-    def _block_hashes(self, token_ids: list[int], extra_key: bytes) -> list[bytes]:
-        """The chained content hashes of the blocks holding token_ids (the partial last one too)."""
-        return chain_block_hashes(fingerprint_seed(self.compat), token_ids, self._block_size, extra_key,
-                                  include_partial=True)
 
     def _received(self, task: RecvTask, stats: PullStats) -> None:
         """A consumer's read ended: its failed blocks go back to vLLM, and the request is reported."""

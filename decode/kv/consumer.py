@@ -47,7 +47,6 @@ TRANSFER_THREADS, TRANSFER_THREADS_PER_PEER = 8, 2
 
 # What a finished read hands back: the task, its stats, and whether it counts (RecvTask.report_done).
 OnReceived = Callable[[RecvTask, PullStats], None]
-BlockHashes = Callable[[list[int], bytes], list[bytes]]
 
 
 def mooncake_engine(transport: KVTransportSettings, timeout_s: float) -> MooncakeEngine:
@@ -78,7 +77,7 @@ def kv_readers(paged, transport: KVTransportSettings, control: KVPortClient, tim
 
 class KVConsumer:
     def __init__(self, *, paged, compat: common_pb2.CompatInfo, block_size: int, transport: KVTransportSettings,
-                 pull_timeout_s: float, on_received: OnReceived, block_hashes: BlockHashes, tp_rank: int = 0,
+                 pull_timeout_s: float, on_received: OnReceived, tp_rank: int = 0,
                  tp_size: int = 1, thread_cpus: str = "", faults: KVFaultHooks = NO_FAULTS) -> None:
         self._paged = paged
         self._compat = compat
@@ -86,7 +85,6 @@ class KVConsumer:
         self._transport = transport
         self._pull_timeout_s = pull_timeout_s
         self._on_received = on_received
-        self._block_hashes = block_hashes
         self._faults = faults
         # A consumer rank reads the producer ranks holding its heads: the same rank when both have as
         # many ranks; k ranks' head shares when the producer has k times as many.
@@ -177,7 +175,7 @@ class KVConsumer:
         agreed with that rank; counts into `stats` as blocks land on every rank's share, so a failure
         part-way keeps the prefix that arrived whole (the ranks after a failed one read only up to
         it), then raises the first failure. Returns the transport."""
-        expected = _LazyHashes(lambda: self._block_hashes(task.token_ids, task.extra_key))
+        expected = task.block_hashes
         started = time.perf_counter()
         num_whole, failure, transports = len(task.block_indexes), None, []
         timing = LayerwiseTiming() if task.layerwise else None
@@ -241,19 +239,6 @@ class KVConsumer:
             return
         control = self.links_for(WHOLE).control
         wait_briefly([control.release_soon(address, task.transfer_id) for address in addresses])
-
-
-class _LazyHashes:
-    """The request's block hashes, computed on first use (while the reader's first call travels)."""
-
-    def __init__(self, compute) -> None:
-        self._compute = compute
-        self._hashes: list[bytes] | None = None
-
-    def __getitem__(self, index: int) -> bytes:
-        if self._hashes is None:
-            self._hashes = self._compute()
-        return self._hashes[index]
 
 
 def rank_address(address: str, rank: int) -> str:

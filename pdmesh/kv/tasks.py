@@ -17,8 +17,9 @@ class SendTask:
     pdmesh_request_id: str = ""
     trace_carrier: dict[str, str] = field(default_factory=dict)  # parent of the kvstore.save span
     engine_request_id: str = ""  # reported finished sending under it ("": the transfer id)
-    # The blocks' chained content hashes (with the cache salt; the partial last block too), computed
-    # once by the worker side when the task arrives: the transfer and the store's keys both use them.
+    # The blocks' chained content hashes (with the cache salt; the partial last block too): the
+    # request's, hashed once by the scheduler side (worker/prompt_hashes.py); the transfer and the
+    # store's keys both use them.
     block_hashes: list[bytes] = field(default_factory=list)
 
 
@@ -33,6 +34,7 @@ class RecvTask:
     block_indexes: list[int]     # positions in the producer's block list
     local_block_ids: list[int]   # where each of them goes, aligned with block_indexes
     token_ids: list[int]         # the prompt tokens the remote KV covers (pulled blocks must hold them)
+    block_hashes: list[bytes] = field(default_factory=list)  # theirs, chained (the partial last block too)
     num_local_tokens: int = 0    # prompt tokens already in the local prefix cache
     report_done: bool = True     # False: release-only (nothing is waiting on it)
     extra_key: bytes = b""       # the request's cache salt: part of its blocks' content hashes
@@ -50,6 +52,7 @@ class StoreLoadTask:
     pdmesh_request_id: str
     token_ids: list[int]          # the prompt's tokens up to the end of the last block to load
     extra_key: bytes
+    block_hashes: list[bytes]     # the chained hashes of token_ids' blocks (the request's, hashed once)
     block_indexes: list[int]      # block positions in the prompt to load
     local_block_ids: list[int]    # where each goes, aligned with block_indexes
     nodes: list[str]              # where each comes from ("" = this node), aligned with block_indexes
@@ -67,7 +70,6 @@ class LayerwiseStep:
     block_ids: list[int]    # the request's blocks so far, in token order
     num_tokens_before: int
     num_tokens_after: int
-    # The step that completes the prompt carries it (and its cache salt): once the step is done the
-    # producer publishes the prompt's content hashes and checksums, before the request is held.
-    prompt_token_ids: list[int] | None = None
-    extra_key: bytes = b""
+    # The step that completes the prompt carries its blocks' chained hashes: once the step is done
+    # the producer publishes them and the blocks' checksums, before the request is held.
+    block_hashes: list[bytes] | None = None

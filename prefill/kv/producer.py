@@ -30,18 +30,16 @@ from prefill.kv.mooncake_exporter import MooncakeKVExporter
 from prefill.kv.shm_exporter import ShmKVExporter
 
 logger = logging.getLogger(__name__)
-BlockHashes = Callable[[list[int], bytes], list[bytes]]
 
 
 class KVProducer:
     def __init__(self, *, paged, compat: common_pb2.CompatInfo, block_size: int, kv_host: str, kv_port: int,
                  advertise_host: str, advertise_port: int, hold_timeout_s: float, transport: KVTransportSettings,
-                 block_hashes: BlockHashes, mooncake_engine: Callable[[], MooncakeEngine], store=None,
+                 mooncake_engine: Callable[[], MooncakeEngine], store=None,
                  faults: KVFaultHooks = NO_FAULTS) -> None:
         self._paged = paged
         self._hold_timeout_s = hold_timeout_s
         self._transport = transport
-        self._block_hashes = block_hashes
         self._mooncake_engine = mooncake_engine
         self._store = store
         self._faults = faults
@@ -117,12 +115,12 @@ class KVProducer:
         self.held.announce(minted)  # a read of one waits for its hold; of any other id, not
         self.held.drop_announced(unheld)
 
-    def name_blocks(self, send: SendTask) -> HeldTransfer | None:
-        """Sets the send's chained content hashes: a layer-wise prompt's, already published (returned,
-        for `hold`), or computed."""
+    def adopt_written(self, send: SendTask) -> HeldTransfer | None:
+        """A layer-wise prompt's transfer, already published (returned, for `hold`): the send takes
+        the names it was published under (else it keeps those the scheduler side gave it)."""
         written = self._written(send)
-        send.block_hashes = (list(written.block_hashes) if written is not None
-                             else self._block_hashes(send.token_ids, send.extra_key))
+        if written is not None:
+            send.block_hashes = list(written.block_hashes)
         return written
 
     def hold(self, send: SendTask, written: HeldTransfer | None) -> None:
@@ -158,7 +156,7 @@ class KVProducer:
         # On an accelerator the hold's checksums are what a consumer verifies with: a step's end on
         # the host is not the device's (prefill/kv/device_progress.py).
         if self._reports is self.progress:
-            self._completing = [step for step in steps if step.prompt_token_ids is not None]
+            self._completing = [step for step in steps if step.block_hashes is not None]
 
     def layer_saved(self, layer_index: int) -> None:
         """vLLM launched (on the CPU: wrote) this step's KV of a layer."""
@@ -178,7 +176,7 @@ class KVProducer:
         ends the transfer before the next step can write them (end_freed_transfers, before vLLM's
         batch update), so what was published was computed from the prompt's KV; what a consumer
         reads after that fails these checksums."""
-        hashes = self._block_hashes(step.prompt_token_ids, step.extra_key)
+        hashes = step.block_hashes
         block_ids = tuple(step.block_ids[:len(hashes)])
         checksums: Future = Future()
         checksums.set_result(self._paged.block_checksums(list(block_ids)))

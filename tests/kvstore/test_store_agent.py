@@ -22,6 +22,7 @@ from pdmesh.compat import fingerprint_seed
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.errors import TransferNotFound
 from pdmesh.kv.tasks import SendTask, StoreLoadTask
+from tests.kv_task_names import named, names
 from tests.kvstore.factories import flip_bit
 from worker.compute_rate import ComputeRate
 from worker.metadata import PDMeshConnectorMetadata
@@ -77,13 +78,14 @@ def nodes(request, model_dir, tmp_path, redis_server, no_thread_leak):
 
 
 def _save(worker: ConnectorWorker, block_ids: list[int]) -> None:
-    worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", block_ids, TOKENS)]))
+    worker.start_tasks(PDMeshConnectorMetadata(sends=[named(worker, SendTask("p-1", block_ids, TOKENS))]))
     assert worker.saver.flush(timeout_s=10)
 
 
 def _load(worker: ConnectorWorker, nodes: list[str], local_block_ids: list[int]) -> dict:
     """Runs a store load; returns its stats as the worker reports them to the scheduler."""
     task = StoreLoadTask(request_id="r-2", pdmesh_request_id="mesh-2", token_ids=TOKENS[:64], extra_key=b"",
+                         block_hashes=names(worker, TOKENS[:64]),
                          block_indexes=[0, 1], local_block_ids=local_block_ids, nodes=nodes)
     worker._load(task)
     assert worker.get_finished() == (None, {"r-2"})
@@ -105,7 +107,7 @@ def test_a_finished_prompt_is_copied_out_once_and_unpinned_before_the_store_writ
         return put_rows(keys, rows)
 
     a.store.put_rows = slow_put_rows
-    a.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    a.start_tasks(PDMeshConnectorMetadata(sends=[named(a, SendTask("p-1", [5, 2, 7], TOKENS))]))
     assert writing.wait(10)  # copied out; the write has not happened yet
     a.caches["l0"][5].zero_()  # vLLM reuses the block once decode released it
     a.producer.held.release("p-1")
@@ -123,7 +125,7 @@ def test_a_finished_prompt_is_copied_out_once_and_unpinned_before_the_store_writ
 
 def test_a_saved_prompt_keeps_its_head_longest_though_only_its_tail_was_new(producers):
     a, _ = producers
-    a.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-0", [5], TOKENS[:BLOCK_SIZE])]))
+    a.start_tasks(PDMeshConnectorMetadata(sends=[named(a, SendTask("p-0", [5], TOKENS[:BLOCK_SIZE]))]))
     assert a.saver.flush(timeout_s=10)
     _save(a, [5, 2, 7])   # block 0 held already: only block 1 is written
     head, tail = (key.block_hash for key in _keys(a))
@@ -137,8 +139,9 @@ def test_saves_past_the_queue_limit_are_skipped_and_counted_and_never_wait(model
     put_rows = worker.store.put_rows
     worker.store.put_rows = lambda keys, rows: may_write.wait(10) and put_rows(keys, rows)
     try:
-        worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))   # 2 full blocks
-        worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-2", [1, 3], TOKENS[:64])]))  # 2 more: over 3
+        # 2 full blocks, then 2 more: over 3
+        worker.start_tasks(PDMeshConnectorMetadata(sends=[named(worker, SendTask("p-1", [5, 2, 7], TOKENS))]))
+        worker.start_tasks(PDMeshConnectorMetadata(sends=[named(worker, SendTask("p-2", [1, 3], TOKENS[:64]))]))
         counters = worker.counters()
         assert (counters["kv_store_saves_skipped"], counters["kv_store_blocks_skipped"]) == (1, 2)
         may_write.set()
@@ -166,9 +169,10 @@ def test_the_lookup_sees_local_then_remote_blocks(producers):
     a, b = producers
     _save(a, [5, 2, 7])
     lookup = StoreLookup(b.producer.server.address, BLOCK_SIZE, timeout_s=5)
-    assert lookup.nodes_of_cached_prefix(TOKENS, b"") == [a.store.index.node] * 2
-    assert lookup.nodes_of_cached_prefix(TOKENS[:64], b"") == [a.store.index.node]  # last token is computed
-    assert lookup.nodes_of_cached_prefix(TOKENS, b"tenant-x") == []
+    assert lookup.nodes_of_cached_prefix(TOKENS, names(b, TOKENS)) == [a.store.index.node] * 2
+    # the last token is computed
+    assert lookup.nodes_of_cached_prefix(TOKENS[:64], names(b, TOKENS[:64])) == [a.store.index.node]
+    assert lookup.nodes_of_cached_prefix(TOKENS, names(b, TOKENS, b"tenant-x")) == []
     lookup.close()
 
 

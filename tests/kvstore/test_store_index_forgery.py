@@ -14,6 +14,7 @@ from pdmesh.compat import fingerprint_seed
 from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
 from pdmesh.kv.tasks import SendTask
 from pdmesh.transport.mesh_auth import MeshAuth
+from tests.kv_task_names import named, names
 from worker.metadata import PDMeshConnectorMetadata
 from worker.worker_side import ConnectorWorker
 
@@ -45,7 +46,7 @@ def producers(tmp_path, redis_server, no_thread_leak):
 
 def test_a_forged_index_entry_never_becomes_a_node_to_load_from(producers, redis_server):
     a, b = producers
-    a.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2], PROMPT[:2 * BLOCK_SIZE])]))
+    a.start_tasks(PDMeshConnectorMetadata(sends=[named(a, SendTask("p-1", [5, 2], PROMPT[:2 * BLOCK_SIZE]))]))
     assert a.saver.flush(timeout_s=10)
     attacker = redis_server.client()
     for key in block_keys(fingerprint_seed(a.compat), PROMPT, BLOCK_SIZE, b"")[2:4]:
@@ -54,6 +55,6 @@ def test_a_forged_index_entry_never_becomes_a_node_to_load_from(producers, redis
                                "last_use": 1.0, "sig": "0" * 64})
     attacker.close()
     lookup = StoreLookup(b.producer.server.address, BLOCK_SIZE, timeout_s=5, auth=MeshAuth(TOKEN))
-    assert lookup.nodes_of_cached_prefix(PROMPT, b"") == [a.store.index.node] * 2
+    assert lookup.nodes_of_cached_prefix(PROMPT, names(b, PROMPT)) == [a.store.index.node] * 2
     lookup.close()
     assert (b.store.index.num_rejected, b.store.index.num_errors) == (2, 0)

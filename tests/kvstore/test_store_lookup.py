@@ -19,7 +19,7 @@ class BlockingStore:
         self.num_started = 0
         self._lock = threading.Lock()
 
-    def nodes_of_cached_prefix(self, prompt_token_ids, extra_key: bytes) -> list[str]:
+    def nodes_of_cached_prefix(self, prompt_token_ids, block_hashes) -> list[str]:
         with self._lock:
             self.num_started += 1
         self.release.wait(timeout=30)
@@ -43,11 +43,11 @@ def test_a_burst_behind_a_silent_store_waits_max_wait_each_not_its_place_in_the_
     lookups = AsyncStoreLookup(store, max_workers=2, max_wait_s=MAX_WAIT_S, clock=clock)
     try:
         request_ids = [f"r{i}" for i in range(14)]
-        assert [lookups.poll(r, [1] * 100, b"") for r in request_ids] == [None] * 14
+        assert [lookups.poll(r, [1] * 100, []) for r in request_ids] == [None] * 14
         clock.now += MAX_WAIT_S - 0.01
-        assert [lookups.poll(r, [1] * 100, b"") for r in request_ids] == [None] * 14
+        assert [lookups.poll(r, [1] * 100, []) for r in request_ids] == [None] * 14
         clock.now += 0.02
-        assert [lookups.poll(r, [1] * 100, b"") for r in request_ids] == [[]] * 14   # misses: computed
+        assert [lookups.poll(r, [1] * 100, []) for r in request_ids] == [[]] * 14   # misses: computed
         assert (lookups.num_given_up, lookups.num_pending) == (14, 0)
         assert store.num_started <= 2   # the queued lookups were cancelled, not run
     finally:
@@ -60,11 +60,11 @@ def test_an_answer_in_time_is_used_and_the_next_request_asks_afresh():
     store.release.set()
     lookups = AsyncStoreLookup(store, max_workers=2, max_wait_s=MAX_WAIT_S, clock=clock)
     try:
-        assert lookups.poll("r1", [1] * 100, b"") is None
-        while lookups.poll("r1", [1] * 100, b"") is None:   # answered on the pool's thread
+        assert lookups.poll("r1", [1] * 100, []) is None
+        while lookups.poll("r1", [1] * 100, []) is None:   # answered on the pool's thread
             pass
         assert lookups.num_given_up == 0 and lookups.num_pending == 0
-        assert lookups.poll("r1", [1] * 100, b"") is None   # a new lookup for a request seen again
+        assert lookups.poll("r1", [1] * 100, []) is None   # a new lookup for a request seen again
     finally:
         lookups.close()
 
@@ -73,11 +73,11 @@ def test_the_wait_counts_from_when_the_lookup_was_asked_for():
     store, clock = BlockingStore([""]), Clock()
     lookups = AsyncStoreLookup(store, max_workers=1, max_wait_s=MAX_WAIT_S, clock=clock)
     try:
-        assert lookups.poll("early", [1] * 40, b"") is None
+        assert lookups.poll("early", [1] * 40, []) is None
         clock.now += 0.6
-        assert lookups.poll("late", [1] * 40, b"") is None
+        assert lookups.poll("late", [1] * 40, []) is None
         clock.now += 0.6
-        assert (lookups.poll("early", [1] * 40, b""), lookups.poll("late", [1] * 40, b"")) == ([], None)
+        assert (lookups.poll("early", [1] * 40, []), lookups.poll("late", [1] * 40, [])) == ([], None)
     finally:
         store.release.set()
         lookups.close()

@@ -6,6 +6,7 @@ import torch
 
 from pdmesh.config import KVFaultSettings, KVTransportSettings, TelemetrySettings
 from pdmesh.kv.tasks import RecvTask
+from tests.kv_task_names import named
 from worker.metadata import PDMeshConnectorMetadata
 from worker.worker_side import ConnectorWorker
 
@@ -29,9 +30,9 @@ def make_worker(model_dir, is_producer: bool, transport: str, shape=(NUM_BLOCKS,
 
 def recv_task(producer: ConnectorWorker, local_block_ids: list[int], mesh_id: str = "mesh-1",
                transfer_id: str = "p-1") -> RecvTask:
-    return RecvTask(request_id="d-1", pdmesh_request_id=mesh_id, transfer_id=transfer_id,
-                    kv_address=producer.producer.server.address, block_indexes=[0, 1, 2],
-                    local_block_ids=local_block_ids, token_ids=TOKENS)
+    return named(producer, RecvTask(request_id="d-1", pdmesh_request_id=mesh_id, transfer_id=transfer_id,
+                                    kv_address=producer.producer.server.address, block_indexes=[0, 1, 2],
+                                    local_block_ids=local_block_ids, token_ids=TOKENS))
 
 
 def finish(worker: ConnectorWorker, meta: PDMeshConnectorMetadata) -> None:

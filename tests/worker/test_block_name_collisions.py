@@ -13,6 +13,7 @@ from kvstore.store_lookup import StoreLookup
 from pdmesh.compat import fingerprint_seed
 from pdmesh.kv import block_hash
 from pdmesh.kv.tasks import StoreLoadTask
+from tests.kv_task_names import names
 from tests.kvstore.colliding_names import tokens_ignored
 from tests.kvstore.test_store_agent import BLOCK_SIZE, TOKENS, _pair, _save
 from worker.worker_side import ConnectorWorker
@@ -40,6 +41,7 @@ def colliding_nodes(model_dir, tmp_path, redis_server, no_thread_leak, monkeypat
 
 def _load(worker: ConnectorWorker, token_ids: list[int], nodes: list[str], local_block_ids: list[int]) -> dict:
     task = StoreLoadTask(request_id="r-2", pdmesh_request_id="mesh-2", token_ids=token_ids, extra_key=b"",
+                         block_hashes=names(worker, token_ids),
                          block_indexes=[0, 1], local_block_ids=local_block_ids, nodes=nodes)
     worker._load(task)
     assert worker.get_finished() == (None, {"r-2"})
@@ -63,7 +65,7 @@ def test_another_node_is_planned_by_name_but_exports_nothing_for_a_colliding_pro
     a, b = colliding_nodes
     lookup = StoreLookup(b.producer.server.address, BLOCK_SIZE, timeout_s=5)
     try:
-        assert lookup.nodes_of_cached_prefix(OTHER_TOKENS, b"") == [a.store.index.node] * 2   # the index: names
+        assert lookup.nodes_of_cached_prefix(OTHER_TOKENS, names(b, OTHER_TOKENS)) == [a.store.index.node] * 2   # the index: names
     finally:
         lookup.close()
     before = _snapshot(b, [3, 4])

@@ -16,6 +16,7 @@ from pdmesh.config import KVTransportSettings, TelemetrySettings
 from pdmesh.errors import ChecksumMismatch, TransferNotFound
 from pdmesh.kv.tasks import LayerwiseStep, RecvTask, SendTask
 from pdmesh.transport.affinity import widen_affinity
+from tests.kv_task_names import named, names
 from tests.pdmesh.blackhole import blackholed_address
 from tests.worker.kv_workers import BLOCK_SIZE, NUM_BLOCKS, TOKENS, finish, make_worker, recv_task, same_block
 from worker.metadata import PDMeshConnectorMetadata
@@ -24,7 +25,7 @@ from worker.worker_side import ConnectorWorker
 
 def test_blocks_move_between_workers_and_the_producer_frees_them(pair):
     producer, consumer, transport = pair
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS, engine_request_id="e-1")]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS, engine_request_id="e-1"))]))
     finish(consumer, PDMeshConnectorMetadata(recvs=[recv_task(producer, [1, 4, 6])]))
     assert all(same_block(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))
     assert consumer.get_finished() == (None, {"d-1"})
@@ -43,10 +44,10 @@ def test_runs_of_contiguous_blocks_and_kv_split_layouts_move_too(model_dir, no_t
     producer, consumer = make_worker(model_dir, True, "shm", shape), make_worker(model_dir, False, "shm", shape)
     tokens = list(range(3, 3 + 5 * BLOCK_SIZE))
     try:
-        producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [1, 2, 3, 4, 0], tokens)]))
-        task = RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1",
-                        kv_address=producer.producer.server.address, block_indexes=[0, 1, 2, 3, 4],
-                        local_block_ids=[3, 4, 5, 6, 1], token_ids=tokens)
+        producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [1, 2, 3, 4, 0], tokens))]))
+        task = named(consumer, RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1",
+                                        kv_address=producer.producer.server.address, block_indexes=[0, 1, 2, 3, 4],
+                                        local_block_ids=[3, 4, 5, 6, 1], token_ids=tokens))
         finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
         assert consumer.take_failed_block_ids() == set()
         for name in producer.caches:
@@ -63,10 +64,10 @@ def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_produce
     when the last step is done; its release comes before the engine holds the transfer (a step
     later), and the hold then frees the blocks at once."""
     producer, consumer, _ = pair
-    step = LayerwiseStep("lw-1", "mesh-1", [5, 2, 7], 0, len(TOKENS), prompt_token_ids=TOKENS)
-    consumer.start_tasks(PDMeshConnectorMetadata(recvs=[RecvTask(
+    step = LayerwiseStep("lw-1", "mesh-1", [5, 2, 7], 0, len(TOKENS), block_hashes=names(producer, TOKENS))
+    consumer.start_tasks(PDMeshConnectorMetadata(recvs=[named(consumer, RecvTask(
         request_id="d-1", pdmesh_request_id="mesh-1", transfer_id="lw-1", kv_address=producer.producer.server.address,
-        block_indexes=[0, 1, 2], local_block_ids=[1, 2, 3], token_ids=TOKENS, layerwise=True)]))
+        block_indexes=[0, 1, 2], local_block_ids=[1, 2, 3], token_ids=TOKENS, layerwise=True))]))
     producer.start_tasks(PDMeshConnectorMetadata(layerwise_steps=[step]))
     for name in producer.caches:
         producer.layer_saved(name)
@@ -80,8 +81,8 @@ def test_a_layerwise_read_finishes_once_the_prompt_is_written_before_the_produce
     wait_until = time.monotonic() + 5
     while not producer.producer.held._released_early and time.monotonic() < wait_until:
         time.sleep(0.01)
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("lw-1", [5, 2, 7], TOKENS,
-                                                                 engine_request_id="p-1")]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("lw-1", [5, 2, 7], TOKENS,
+                                                                 engine_request_id="p-1"))]))
     assert (producer.producer.held.num_held, producer.get_finished()[0]) == (0, {"p-1"})
 
 
@@ -119,7 +120,7 @@ def test_a_layerwise_transfer_freed_before_vllms_batch_update_publishes_nothing(
     ends the transfers whose blocks were freed: a checksum job that finishes after it is dropped."""
     producer = make_worker(model_dir, True, "grpc")
     try:
-        step = LayerwiseStep("lw-2", "mesh-2", [5, 2, 7], 0, len(TOKENS), prompt_token_ids=TOKENS)
+        step = LayerwiseStep("lw-2", "mesh-2", [5, 2, 7], 0, len(TOKENS), block_hashes=names(producer, TOKENS))
         producer.start_tasks(PDMeshConnectorMetadata(layerwise_steps=[step]))
         restarts = producer.producer.progress.restarts("lw-2")
         producer.end_freed_transfers(PDMeshConnectorMetadata(layerwise_ended=["lw-2"]))
@@ -133,9 +134,10 @@ def test_a_layerwise_transfer_freed_before_vllms_batch_update_publishes_nothing(
 
 def test_tokens_that_differ_from_the_producers_are_refused(pair):
     producer, consumer, _ = pair
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS))]))
     task = recv_task(producer, [1, 4, 6])
     task.token_ids = TOKENS[:40] + [999] + TOKENS[41:]  # differs inside block 1
+    named(consumer, task)   # named as the consumer's scheduler side names the tokens it claims
     finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
     assert consumer.take_failed_block_ids() == {4, 6}  # block 0 is good and kept
     assert same_block(consumer, producer, 1, 5)
@@ -151,7 +153,7 @@ def test_a_release_the_producer_does_not_answer_holds_the_transfer_thread_a_mome
     answer = threading.Event()
     release = producer.producer.held.release
     monkeypatch.setattr(producer.producer.held, "release", lambda transfer_id: answer.wait(30) and release(transfer_id))
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS, engine_request_id="e-1")]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS, engine_request_id="e-1"))]))
     started = time.monotonic()
     try:
         finish(consumer, PDMeshConnectorMetadata(recvs=[recv_task(producer, [1, 4, 6])]))
@@ -168,7 +170,7 @@ def test_a_release_the_producer_does_not_answer_holds_the_transfer_thread_a_mome
 
 def test_kv_altered_between_producer_and_consumer_is_caught_by_the_checksum(pair):
     producer, consumer, _ = pair
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS))]))
     finish(consumer, PDMeshConnectorMetadata(recvs=[recv_task(producer, [1, 4, 6], mesh_id="tamper-1")]))
     assert consumer.take_failed_block_ids() == {1, 4, 6}  # the first block was altered: nothing is kept
     stats = consumer.take_worker_meta().stats if consumer.get_finished()[1] else {}
@@ -179,7 +181,7 @@ def test_without_the_checksum_altered_kv_lands_unnoticed(pair):
     """The control: the same alteration with the check off goes through, and the cache holds other
     bytes than the producer's (what the e2e control turns into different tokens)."""
     producer, consumer, _ = pair
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS))]))
     finish(consumer, PDMeshConnectorMetadata(recvs=[recv_task(producer, [1, 4, 6],
                                                                  mesh_id="tamper-unverified-1")]))
     assert consumer.take_failed_block_ids() == set()
@@ -206,7 +208,7 @@ def test_a_read_that_breaks_part_way_keeps_the_prefix_and_reports_the_rest(pair)
     producer, consumer, transport = pair
     links = consumer.consumer.links_for((0, 1))
     links._readers[transport] = _BreaksAfterOneBlock(links._readers[transport])
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS))]))
     finish(consumer, PDMeshConnectorMetadata(recvs=[recv_task(producer, [1, 4, 6])]))
     assert consumer.take_failed_block_ids() == {4, 6}
     assert consumer.get_finished() == (None, {"d-1"})
@@ -219,7 +221,7 @@ def test_a_read_that_breaks_part_way_keeps_the_prefix_and_reports_the_rest(pair)
 def test_a_guessed_transfer_id_reads_nothing(pair):
     producer, consumer, _ = pair
     producer.producer.servicer._wait_timeout_s = 0.2
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS))]))
     finish(consumer, PDMeshConnectorMetadata(recvs=[recv_task(producer, [1, 4, 6], transfer_id="p-2")]))
     assert consumer.take_failed_block_ids() == {1, 4, 6}
     assert not consumer.caches["l0"][1].any()
@@ -230,9 +232,11 @@ def test_a_guessed_transfer_id_reads_nothing(pair):
 def test_the_cache_salt_is_part_of_the_blocks_hashes(pair):
     """Another tenant's salt names other blocks: a consumer salted differently refuses them all."""
     producer, consumer, _ = pair
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS, extra_key=b"tenant-a")]))
+    send = named(producer, SendTask("p-1", [5, 2, 7], TOKENS, extra_key=b"tenant-a"))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[send]))
     task = recv_task(producer, [1, 4, 6])
     task.extra_key = b"tenant-b"
+    named(consumer, task)   # the consumer's scheduler side names the tokens under its request's salt
     finish(consumer, PDMeshConnectorMetadata(recvs=[task]))
     assert consumer.take_failed_block_ids() == {1, 4, 6}
 
@@ -245,7 +249,7 @@ def test_a_read_of_a_minted_transfer_that_arrives_before_its_hold_waits_for_it(p
     producer.start_tasks(PDMeshConnectorMetadata(minted_transfer_ids=["p-1"]))
     consumer.start_tasks(PDMeshConnectorMetadata(recvs=[recv_task(producer, [1, 4, 6])]))
     time.sleep(0.2)  # the consumer's read is at the producer, waiting
-    producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+    producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS))]))
     consumer.consumer.pool.shutdown(wait=True)
     assert consumer.take_failed_block_ids() == set()
     assert all(same_block(consumer, producer, local, remote) for remote, local in zip([5, 2, 7], [1, 4, 6]))
@@ -265,10 +269,11 @@ def test_pulls_from_a_producer_that_never_answers_leave_threads_for_the_others(m
     two reads of a producer that takes connections and never answers stopped all reads for their timeout."""
     producer, consumer = make_worker(model_dir, True, "grpc"), make_worker(model_dir, False, "grpc", pull_timeout_s=2)
     try:
-        producer.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+        producer.start_tasks(PDMeshConnectorMetadata(sends=[named(producer, SendTask("p-1", [5, 2, 7], TOKENS))]))
         with blackholed_address() as dead:
-            stuck = [RecvTask(request_id=f"d-dead-{n}", pdmesh_request_id="m", transfer_id=f"t-dead-{n}",
-                              kv_address=dead, block_indexes=[0], local_block_ids=[n], token_ids=TOKENS[:BLOCK_SIZE])
+            stuck = [named(consumer, RecvTask(request_id=f"d-dead-{n}", pdmesh_request_id="m",
+                                              transfer_id=f"t-dead-{n}", kv_address=dead, block_indexes=[0],
+                                              local_block_ids=[n], token_ids=TOKENS[:BLOCK_SIZE]))
                      for n in (0, 2)]
             started = time.monotonic()
             consumer.start_tasks(PDMeshConnectorMetadata(recvs=[*stuck, recv_task(producer, [1, 4, 6])]))

@@ -8,6 +8,7 @@ import torch
 
 from pdmesh.config import KVTransportSettings, TelemetrySettings
 from pdmesh.kv.tasks import RecvTask, SendTask
+from tests.kv_task_names import named
 from tests.worker.kv_workers import BLOCK_SIZE, NUM_BLOCKS, TOKENS, TRANSPORTS, finish, same_block
 from worker.metadata import PDMeshConnectorMetadata
 from worker.worker_side import ConnectorWorker
@@ -41,9 +42,9 @@ def _consumer(model_dir, shape, transport: str = "auto", tp_rank: int = 0, tp_si
 
 
 def _tp_recv(producer: ConnectorWorker, tp_size: int, local_block_ids: list[int]) -> RecvTask:
-    return RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1", kv_address=producer.producer.server.address,
-                    block_indexes=[0, 1, 2], local_block_ids=local_block_ids, token_ids=TOKENS,
-                    producer_tp_size=tp_size)
+    return named(producer, RecvTask(request_id="d-1", pdmesh_request_id="m", transfer_id="p-1",
+                                    kv_address=producer.producer.server.address, block_indexes=[0, 1, 2],
+                                    local_block_ids=local_block_ids, token_ids=TOKENS, producer_tp_size=tp_size))
 
 
 
@@ -57,7 +58,7 @@ def test_each_tensor_parallel_rank_serves_on_its_own_port_and_reads_its_peer_ran
         base = int(workers[0].producer.server.address.rsplit(":", 1)[1])
         assert workers[1].producer.server.address == f"127.0.0.1:{base + 1}"
         for worker in workers:
-            worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+            worker.start_tasks(PDMeshConnectorMetadata(sends=[named(worker, SendTask("p-1", [5, 2, 7], TOKENS))]))
         finish(consumer, PDMeshConnectorMetadata(recvs=[_tp_recv(workers[0], 2, [1, 4, 6])]))
         assert consumer.take_failed_block_ids() == set()
         assert same_block(consumer, workers[1], 4, 2)  # rank 1's KV
@@ -76,7 +77,7 @@ def test_a_consumer_with_one_rank_reads_each_of_two_producer_ranks_heads_into_pl
     consumer = _consumer(model_dir, (NUM_BLOCKS, 2, BLOCK_SIZE, 32), transport, num_kv_heads=2)
     try:
         for worker in workers:
-            worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+            worker.start_tasks(PDMeshConnectorMetadata(sends=[named(worker, SendTask("p-1", [5, 2, 7], TOKENS))]))
         finish(consumer, PDMeshConnectorMetadata(recvs=[_tp_recv(workers[0], 2, [1, 4, 6])]))
         assert consumer.take_failed_block_ids() == set()
         for name in consumer.caches:
@@ -98,7 +99,7 @@ def test_a_consumer_whose_blocks_are_not_head_major_recomputes_instead_of_readin
     consumer = _consumer(model_dir, (NUM_BLOCKS, BLOCK_SIZE, 2, 32), num_kv_heads=2)  # token-major
     try:
         for worker in workers:
-            worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask("p-1", [5, 2, 7], TOKENS)]))
+            worker.start_tasks(PDMeshConnectorMetadata(sends=[named(worker, SendTask("p-1", [5, 2, 7], TOKENS))]))
         finish(consumer, PDMeshConnectorMetadata(recvs=[_tp_recv(workers[0], 2, [1, 4, 6])]))
         assert consumer.take_failed_block_ids() == {1, 4, 6}
         assert not any(cache.any() for cache in consumer.caches.values())
