@@ -7,7 +7,7 @@ import logging
 from pdmesh.compat import check_readable, tp_size
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
-from pdmesh.kv.params import decode_params
+from pdmesh.kv.params import PREFILL_TOKENS_PER_S, decode_params
 from pdmesh.kv.request_stats import PullStats, pull_stats
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
@@ -67,6 +67,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     def _fill_final(self, chunk: worker_pb2.DecodeResponse, request: worker_pb2.DecodeRequest,
                     finish_reason: str | None, kv_params: dict | None) -> None:
         chunk.finish_reason = finish_reason_of(finish_reason)
+        chunk.prefill_tokens_per_s = (kv_params or {}).get(PREFILL_TOKENS_PER_S, 0.0)
         stats = pull_stats(kv_params)  # what the KV pull did, returned with the output
         if stats:
             chunk.kv_blocks_received = stats.num_blocks

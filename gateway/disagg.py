@@ -18,10 +18,11 @@ engines' caches are salted alike; gateway/seen_prefixes.py). A mostly cached pro
 whichever side holds it.
 
 Local wins when it is cheaper AND either the decode is idle or the stall stays within
-`max_local_stall_s`. The rates and the handoff are exponential moving averages of what this gateway
-observes (prefill RPCs that started on an empty queue, local prefills' TTFT, remote handoffs),
-starting from `initial_tokens_per_s` / `initial_handoff_s` until the first observations come in.
-Queued tokens are this gateway's own in-flight prompts on each worker.
+`max_local_stall_s`. Each worker's prompt rate is the one its engine measures on its own steps and
+publishes (worker/compute_rate.py: in every answer and in its registry record); until both workers
+of a pair have published one, the prompt goes remote. The handoff is what this gateway observes
+(an exponential moving average of remote handoffs, from `initial_handoff_s`). Queued tokens are this
+gateway's own in-flight prompts on each worker.
 
 Policies: "remote" (always disaggregate: vLLM's and SGLang's P/D flow), "local" (never: the decode
 worker serves alone, a colocated baseline behind the same gateway), "conditional" (the model above).
@@ -32,6 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.seen_prefixes import SeenPrefixes, prefix_hashes
 
@@ -39,7 +41,7 @@ from gateway.seen_prefixes import SeenPrefixes, prefix_hashes
 @dataclass(frozen=True)
 class Decision:
     local: bool
-    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall"
+    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall", "unmeasured"
     remote_s: float = 0.0
     local_s: float = 0.0
     stall_s: float = 0.0
@@ -52,6 +54,11 @@ class Decision:
                 "pdmesh.disagg.stall_s": self.stall_s,
                 "pdmesh.disagg.prefill_cached_tokens": self.prefill_cached_tokens,
                 "pdmesh.disagg.decode_cached_tokens": self.decode_cached_tokens}
+
+
+class RatedWorker(Protocol):
+    address: str
+    prefill_tokens_per_s: float   # its engine's published prompt rate (0: not known yet)
 
 
 class Ewma:
@@ -84,24 +91,13 @@ class QueuedWork:
 class DisaggCosts:
     """What the gateway has measured, and the work it has queued on each worker (by address)."""
 
-    def __init__(self, initial_tokens_per_s: float, initial_handoff_s: float) -> None:
-        self.prefill_tokens_per_s = Ewma(initial_tokens_per_s)
-        self.local_tokens_per_s = Ewma(initial_tokens_per_s)
+    def __init__(self, initial_handoff_s: float) -> None:
         self.handoff_s = Ewma(initial_handoff_s)
         self.queued_tokens: Counter[str] = Counter()   # worker address: prompt tokens it is computing for us
 
     def enqueue(self, address: str, num_tokens: int) -> QueuedWork:
         """`num_tokens` of prompt now being computed on `address` for this gateway, until done()."""
         return QueuedWork(self.queued_tokens, address, num_tokens)
-
-    def observe_prefill(self, num_computed_tokens: int, seconds: float, queued_before: int) -> None:
-        """A remote prefill's RPC time; only one that found its worker's queue empty measures the rate."""
-        if queued_before == 0 and num_computed_tokens > 0 and seconds > 0:
-            self.prefill_tokens_per_s.observe(num_computed_tokens / seconds)
-
-    def observe_local(self, num_tokens: int, ttft_s: float, queued_before: int) -> None:
-        if queued_before == 0 and num_tokens > 0 and ttft_s > 0:
-            self.local_tokens_per_s.observe(num_tokens / ttft_s)
 
     def observe_handoff(self, seconds: float) -> None:
         if seconds > 0:
@@ -117,7 +113,7 @@ class DisaggPolicy:
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
 
-    def decide(self, prompt_token_ids: Sequence[int], prefill_address: str, decode_address: str,
+    def decide(self, prompt_token_ids: Sequence[int], prefill: RatedWorker, decode: RatedWorker,
                decode_busy: bool, cache_salt: str = "") -> Decision:
         """Where this request's prompt is computed; remembers which workers now hold it (under its salt)."""
         if self.name != "conditional":
@@ -125,22 +121,24 @@ class DisaggPolicy:
         else:
             hashes = prefix_hashes(prompt_token_ids, self.seen.block_tokens, cache_salt)
             num_tokens = len(prompt_token_ids)
-            decision = self._decide(num_tokens, prefill_address, decode_address, decode_busy,
-                                    self.seen.cached_tokens(prefill_address, hashes, num_tokens),
-                                    self.seen.cached_tokens(decode_address, hashes, num_tokens))
-            self.seen.record(decode_address, hashes)       # computed there, or pulled there
+            decision = self._decide(num_tokens, prefill, decode, decode_busy,
+                                    self.seen.cached_tokens(prefill.address, hashes, num_tokens),
+                                    self.seen.cached_tokens(decode.address, hashes, num_tokens))
+            self.seen.record(decode.address, hashes)       # computed there, or pulled there
             if not decision.local:
-                self.seen.record(prefill_address, hashes)
+                self.seen.record(prefill.address, hashes)
         self.decisions[(decision.local, decision.reason)] += 1
         return decision
 
-    def _decide(self, num_prompt_tokens: int, prefill_address: str, decode_address: str, decode_busy: bool,
+    def _decide(self, num_prompt_tokens: int, prefill: RatedWorker, decode: RatedWorker, decode_busy: bool,
                 prefill_cached: int, decode_cached: int) -> Decision:
-        costs = self.costs
-        remote_s = ((costs.queued_tokens[prefill_address] + num_prompt_tokens - prefill_cached)
-                    / costs.prefill_tokens_per_s.value + costs.handoff_s.value)
-        local_rate = costs.local_tokens_per_s.value
-        local_s = (costs.queued_tokens[decode_address] + num_prompt_tokens - decode_cached) / local_rate
+        costs, local_rate = self.costs, decode.prefill_tokens_per_s
+        if prefill.prefill_tokens_per_s <= 0 or local_rate <= 0:
+            return Decision(False, "unmeasured", prefill_cached_tokens=prefill_cached,
+                            decode_cached_tokens=decode_cached)
+        remote_s = ((costs.queued_tokens[prefill.address] + num_prompt_tokens - prefill_cached)
+                    / prefill.prefill_tokens_per_s + costs.handoff_s.value)
+        local_s = (costs.queued_tokens[decode.address] + num_prompt_tokens - decode_cached) / local_rate
         stall_s = (num_prompt_tokens - decode_cached) / local_rate
         measured = dict(remote_s=remote_s, local_s=local_s, stall_s=stall_s, prefill_cached_tokens=prefill_cached,
                         decode_cached_tokens=decode_cached)

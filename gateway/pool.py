@@ -38,6 +38,13 @@ class Worker:
     in_flight: int = 0                   # this gateway's calls on it now
     down_until: float = 0.0              # skipped until then (monotonic) after a connection failure
     probe: asyncio.Task | None = None    # asking a worker cooling down whether it is back, shared by waiters
+    # Its engine's prompt rate (tokens/s) as it last published it, in an answer or its registry
+    # record (worker/compute_rate.py: the one estimator); 0: not known yet.
+    prefill_tokens_per_s: float = 0.0
+
+    def published_rate(self, tokens_per_s: float) -> None:
+        if tokens_per_s > 0:
+            self.prefill_tokens_per_s = tokens_per_s
 
     def queue(self) -> int:
         """Requests on it: this gateway's, or what it last reported if more (other gateways' too)."""
@@ -73,6 +80,7 @@ class WorkerPool:
             if worker is None:
                 worker = self._workers[record.address] = self._open(record.address, record.role)
             worker.record = record
+            worker.published_rate(record.prefill_tokens_per_s)
         for address in [a for a, w in self._workers.items() if not w.static and a not in seen]:
             self._background.spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
 

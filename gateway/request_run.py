@@ -12,8 +12,9 @@ Whatever ends an attempt other than a finished decode (failure, cancel, deadline
 prefill's pinned blocks, so a cancelled request never waits for the hold timeout.
 
 Each attempt first asks the disaggregation policy (gateway/disagg.py) whether to prefill remotely
-or let the chosen decode worker compute the prompt itself; the attempt reports what it observed
-(prefill time, handoff, local TTFT) back into the policy's measured costs.
+or let the chosen decode worker compute the prompt itself; the attempt counts the prompt tokens
+it has each worker computing, reports the handoff it observed, and keeps the prompt rate each
+worker publishes in its answers (the policy's inputs).
 """
 
 from __future__ import annotations
@@ -189,8 +190,8 @@ class RequestRun:
         # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
         decodes = self._pool.compatible_with(prefill, candidates)
         decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
-        state.decision = self._disagg.decide(prompt, prefill.address, decode.address,
-                                             decode_busy=decode.queue() > 0, cache_salt=self.request.cache_salt)
+        state.decision = self._disagg.decide(prompt, prefill, decode, decode_busy=decode.queue() > 0,
+                                             cache_salt=self.request.cache_salt)
         if state.decision.local:
             state.prefill = None
             chunks = self._local_chunks(decode, prompt)
@@ -231,8 +232,8 @@ class RequestRun:
         request = worker_pb2.PrefillRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
                                             sampling=sampling, cache_salt=self.request.cache_salt,
                                             layerwise_transfer_id=layerwise_transfer_id)
-        costs = self._disagg.costs
-        queued = costs.enqueue(prefill.address, len(prompt) - self.state.decision.prefill_cached_tokens)  # as estimated
+        queued = self._disagg.costs.enqueue(prefill.address,
+                                            len(prompt) - self.state.decision.prefill_cached_tokens)  # as estimated
         started = time.monotonic()
         with self._pool.busy(prefill), client_span(PREFILL_METHOD) as metadata:
             call = worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(request, timeout=self._time_left(),
@@ -246,23 +247,21 @@ class RequestRun:
                 queued.done()
         self._prefilled_at = time.monotonic()
         self.state.prefill_seconds = self._prefilled_at - started
-        costs.observe_prefill(response.num_computed_tokens, self.state.prefill_seconds, queued.queued_before)
+        prefill.published_rate(response.prefill_tokens_per_s)
         return response
 
     async def _local_chunks(self, decode: Worker, prompt: list[int]) -> AsyncIterator[worker_pb2.DecodeResponse]:
-        """Decode computes the prompt itself (no KV handle): the colocated path, measured as it goes."""
+        """Decode computes the prompt itself (no KV handle): the colocated path."""
         self.state.decode = decode
-        costs = self._disagg.costs
         num_to_compute = len(prompt) - self.state.decision.decode_cached_tokens  # as the policy estimated
-        queued, started = costs.enqueue(decode.address, num_to_compute), time.monotonic()
+        queued = self._disagg.costs.enqueue(decode.address, num_to_compute)
         request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
                                            sampling=self._sampling(len(prompt) - len(self.request.prompt_token_ids)),
                                            cache_salt=self.request.cache_salt)
         try:
             async for chunk in self._decode_call(decode, request):
-                if queued.pending and chunk.token_ids:   # the prompt is computed: the first token is out
+                if chunk.token_ids:   # the prompt is computed: the first token is out
                     queued.done()
-                    costs.observe_local(num_to_compute, time.monotonic() - started, queued.queued_before)
                 yield chunk
         finally:
             queued.done()
@@ -351,6 +350,7 @@ class RequestRun:
                                                                      metadata=metadata)
             try:
                 async for chunk in call:
+                    decode.published_rate(chunk.prefill_tokens_per_s)   # its last message has it
                     yield chunk
             except grpc.aio.AioRpcError as exc:
                 raise self._failure(exc, decode) from exc

@@ -69,11 +69,10 @@ class StoreSettings(BaseModel):
     export_bytes: int = 64 << 20          # blocks handed to other nodes, held (in shared memory) until read
     save_queue_bytes: int = 256 << 20     # copies waiting to be written; a save past this is skipped (counted)
     # A load is cut (the rest computed) once it has taken load_budget_factor x the time the engine would
-    # take to compute its tokens, at the rate it measures on its own steps (starting from this guess),
+    # take to compute its tokens, at the rate it measures on its own steps (worker/compute_rate.py),
     # or load_budget_min_s if longer (a first connection to a peer is not a slow tier).
     load_budget_factor: float = 1.0
     load_budget_min_s: float = 0.05
-    initial_compute_tokens_per_s: float = 5000.0
 
 
 class TlsSettings(BaseModel):
@@ -234,6 +233,7 @@ class ConnectorSettings(BaseModel):
     wake_name: str                      # the engine's quiet-steps socket ("": steps always run the workers)
     queue_spin_s: float | None          # vLLM's queue readers' spin (None: the platform's default)
     thread_cpus: str                    # where layer-wise reads run ("": every core)
+    initial_prefill_tokens_per_s: float  # the engine's prompt rate until it has measured its own steps
     store: StoreSettings | None         # prefill's KV store (None: decode)
     telemetry: TelemetrySettings
 
@@ -277,6 +277,9 @@ class WorkerSettings(_LayeredSettings, KVTransportFields):
     # A local cluster keeps a decode worker's on its engine's core: where vLLM's queues between them busy-poll
     # after each step (engine_queue_spin_s), that then does not take prefill's core (bench/REPORT.md, layer-wise).
     process_cpus: str = ""
+    # The engine's prompt rate (tokens/s) until it has measured its own steps (worker/compute_rate.py): the
+    # budget of its KV store loads, and what it publishes for the gateways' choice of where to prefill.
+    initial_prefill_tokens_per_s: float = 5000.0
     advertise_host: str | None = None  # how gateways reach this worker (registry record); default host
     ready_file: Path | None = None     # written with {"address": ...} once serving
     exit_with_parent: bool = False     # stop when the launching process dies (local clusters, tests)
@@ -347,7 +350,6 @@ class GatewaySettings(_LayeredSettings):
     # on the decode worker, "conditional" per request from measured costs (Dynamo's conditional disaggregation).
     disagg_policy: Literal["remote", "local", "conditional"] = "remote"
     max_local_stall_s: float = 0.1          # conditional: a busy decode prefills locally only if its streams wait <= this
-    disagg_initial_tokens_per_s: float = 10000.0   # conditional: prefill rates until measured
     disagg_initial_handoff_s: float = 0.02         # conditional: prefill response -> decode's first token, until measured
     # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".
     route_policy: Literal["round_robin", "least_loaded", "prefix_aware"] = "prefix_aware"

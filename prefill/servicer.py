@@ -8,7 +8,7 @@ import logging
 from pdmesh.background import BackgroundTasks
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
-from pdmesh.kv.params import LOADED_FROM_STORE, handle_from_params, prefill_params
+from pdmesh.kv.params import KV_HANDLE, LOADED_FROM_STORE, PREFILL_TOKENS_PER_S, handle_from_params, prefill_params
 from pdmesh.kv.request_stats import StoreLoadStats, store_load_stats
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
@@ -70,7 +70,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             token_ids += completion.token_ids
             pieces.append(completion.text)
             final = output
-        if final is None or not final.kv_transfer_params or not token_ids:
+        if final is None or KV_HANDLE not in (final.kv_transfer_params or {}) or not token_ids:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
         stats = self._store_stats(final.kv_transfer_params)
         store_tokens = stats.tokens_by_tier if stats else {}
@@ -88,6 +88,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             first_token_id=token_ids[0],
             first_text="".join(pieces),
             finish_reason=finish_reason_of(final.outputs[0].finish_reason),
+            prefill_tokens_per_s=final.kv_transfer_params.get(PREFILL_TOKENS_PER_S, 0.0),
         )
 
     @maps_domain_errors

@@ -1,15 +1,19 @@
-"""How fast this engine computes prompt tokens, measured from its own steps.
+"""How fast this engine computes prompt tokens, measured from its own steps: the one estimator of
+a worker's prompt rate in the mesh.
 
-The worker sees each step start (`start_load_kv`) with the number of tokens the scheduler gave
-it; the time to the next step's start over that count is the step's rate. Only busy steps count
-(at least `min_tokens`, the next one starting within `max_gap_s`); an exponential moving average
-smooths them. The KV store's loads use it as their time budget: a load that takes longer than
-computing its tokens would is cut, and vLLM computes the rest.
+The connector's scheduler side sees each step scheduled with its number of tokens; the time to
+the next step over that count is the step's rate. Only busy steps count (at least `min_tokens`,
+the next one within `max_gap_s`); an exponential moving average smooths them. Who reads it:
+- the KV store's loads, as their time budget (a load that takes longer than computing its tokens
+  would is cut, and vLLM computes the rest);
+- the gateways, which choose where each prompt is computed from it: the worker publishes it with
+  every finished request's output and in its registry record.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 
 class ComputeRate:
@@ -39,3 +43,18 @@ class ComputeRate:
                 self._tokens_per_s += self._alpha * (sample - self._tokens_per_s)
                 self.num_samples += 1
         self._last_start, self._last_num_tokens = now, num_scheduled_tokens
+
+
+DEFAULT_TOKENS_PER_S = 5000.0   # WorkerSettings.initial_prefill_tokens_per_s's default
+
+
+@dataclass(frozen=True)
+class LoadBudget:
+    """How long a KV store load may take: `factor` x the time computing its tokens would take at the
+    measured rate, or `min_s` if longer (a first connection to a peer is not a slow tier)."""
+
+    factor: float = 1.0
+    min_s: float = 0.05
+
+    def seconds(self, rate: ComputeRate, num_tokens: int) -> float:
+        return max(self.min_s, self.factor * rate.seconds_for(num_tokens))

@@ -21,6 +21,7 @@ from pdmesh.compat import model_fingerprint
 from pdmesh.config import ConnectorSettings, StoreSettings
 from pdmesh.telemetry.logs import configure_engine_logging
 from pdmesh.transport.affinity import all_cores
+from worker.compute_rate import ComputeRate, LoadBudget
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from worker.scheduler_side import ConnectorScheduler
 from worker.vllm_ext.engine_core_ext import install_scheduler_stats
@@ -81,8 +82,10 @@ class PDMeshConnector(KVConnectorBase_V1):
                 install_quiet_steps()
             except OSError as exc:  # no abstract unix sockets here: every step goes to the workers
                 logger.warning("engine steps will not skip the workers while requests wait for KV: %s", exc)
+        load_budget = LoadBudget(store.load_budget_factor, store.load_budget_min_s) if store is not None else None
         return ConnectorScheduler(block_size, settings.kv_advertise_address, self._fingerprint.encode(), lookup,
-                                  tp_size=tp_size)
+                                  tp_size=tp_size, compute_rate=ComputeRate(settings.initial_prefill_tokens_per_s),
+                                  load_budget=load_budget)
 
     def _make_worker(self, vllm_config, settings: ConnectorSettings, block_size: int,
                      store: StoreSettings | None) -> ConnectorWorker:
@@ -175,6 +178,11 @@ class PDMeshConnector(KVConnectorBase_V1):
     @property
     def quiet_steps(self) -> QuietSteps | None:
         return self._quiet
+
+    @property
+    def compute_rate(self) -> ComputeRate | None:
+        """The engine's measured prompt rate (scheduler side only)."""
+        return self._scheduler.compute_rate if self._scheduler is not None else None
 
 
 def _tp_rank() -> int:

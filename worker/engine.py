@@ -50,6 +50,7 @@ def connector_settings(settings: WorkerSettings, kv_port: int, wake_name: str = 
         transport=settings.kv_transport_settings, gil_switch_interval_s=settings.kv_gil_switch_interval_s,
         wake_name=wake_name, queue_spin_s=settings.engine_queue_spin_s,
         thread_cpus=settings.process_cpus,   # where its layer-wise reads run ("": every core)
+        initial_prefill_tokens_per_s=settings.initial_prefill_tokens_per_s,
         store=settings.store if settings.role == "prefill" else None,
         telemetry=settings.telemetry)   # the engine's worker process sets up its own tracing from this
 

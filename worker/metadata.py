@@ -14,7 +14,6 @@ class PDMeshConnectorMetadata(KVConnectorMetadata):
     sends: list[SendTask] = field(default_factory=list)
     recvs: list[RecvTask] = field(default_factory=list)
     loads: list[StoreLoadTask] = field(default_factory=list)
-    num_scheduled_tokens: int = 0   # this step's tokens: the worker measures its compute rate from them
     layerwise_steps: list[LayerwiseStep] = field(default_factory=list)
     layerwise_restarted: list[str] = field(default_factory=list)  # transfer ids whose request was preempted
     layerwise_ended: list[str] = field(default_factory=list)      # transfer ids that will never be held

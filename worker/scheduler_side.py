@@ -18,6 +18,7 @@ from pdmesh.kv.block_hash import salt_extra_key
 from kvstore.store_lookup import AsyncStoreLookup
 from pdmesh.kv import params as kvp
 from pdmesh.kv.tasks import RecvTask, SendTask, StoreLoadTask
+from worker.compute_rate import DEFAULT_TOKENS_PER_S, ComputeRate, LoadBudget
 from worker.layerwise_steps import LayerwiseSteps
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from worker.prompt_hashes import PromptHashes
@@ -39,9 +40,12 @@ def _salt(request: "Request") -> bytes:
 
 class ConnectorScheduler:
     def __init__(self, block_size: int, kv_address: str, block_seed: bytes,
-                 store_lookup: AsyncStoreLookup | None = None, max_stats: int = 10_000, tp_size: int = 1) -> None:
+                 store_lookup: AsyncStoreLookup | None = None, max_stats: int = 10_000, tp_size: int = 1,
+                 compute_rate: ComputeRate | None = None, load_budget: LoadBudget | None = None) -> None:
         """block_seed: the model fingerprint's (pdmesh/compat.py), as the worker side's CompatInfo names it."""
         self._block_size = block_size
+        self.compute_rate = compute_rate or ComputeRate(DEFAULT_TOKENS_PER_S)   # measured on the steps scheduled here
+        self._load_budget = load_budget or LoadBudget()
         self._hashes = PromptHashes(block_seed, block_size)
         self._kv_address = kv_address
         self._tp_size = tp_size  # this engine's tensor-parallel ranks (a producer's handles say it)
@@ -118,6 +122,7 @@ class ConnectorScheduler:
             block_indexes=block_indexes,
             local_block_ids=[local_block_ids[i] for i in block_indexes],
             nodes=[nodes[i] for i in block_indexes],
+            budget_s=self._load_budget.seconds(self.compute_rate, len(block_indexes) * self._block_size),
             num_local_tokens=num_cached_tokens - num_external_tokens,
             trace_carrier=dict(params.get(kvp.TRACE_CARRIER) or {}),
         ))
@@ -170,11 +175,13 @@ class ConnectorScheduler:
             self._stats.popitem(last=False)
 
     # ---- producer ----
-    def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any]]:
+        """Every finished request's params carry the engine's measured prompt rate (the gateways read it)."""
         try:
-            return self._request_finished(request, block_ids)
+            delay_free, params = self._request_finished(request, block_ids)
         finally:
             self._hashes.forget(request.request_id)
+        return delay_free, {**(params or {}), kvp.PREFILL_TOKENS_PER_S: self.compute_rate.tokens_per_s}
 
     def _request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._store_plans.pop(request.request_id, None)
@@ -232,10 +239,12 @@ class ConnectorScheduler:
         return bool(news) or self._layerwise.has_news()
 
     def build_connector_meta(self, scheduler_output: Any = None) -> PDMeshConnectorMetadata:
+        """Once per engine step, as it is scheduled (the step's tokens time the prompt rate)."""
+        if scheduler_output is not None:
+            self.compute_rate.on_step(scheduler_output.total_num_scheduled_tokens)
         steps, restarted, ended = self._layerwise.take(scheduler_output)
         meta = PDMeshConnectorMetadata(
             sends=self._sends, recvs=self._recvs, loads=self._loads,
-            num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output is not None else 0,
             layerwise_steps=steps, layerwise_restarted=restarted, layerwise_ended=ended,
             minted_transfer_ids=self._minted, unheld_transfer_ids=self._unheld)
         self._sends, self._recvs, self._loads, self._minted, self._unheld = [], [], [], [], []

@@ -33,7 +33,6 @@ from pdmesh.transport.affinity import all_cores, widen_affinity
 from pdmesh.transport.shm import segments
 from pdmesh.v1 import common_pb2
 from prefill.kv.producer import KVProducer
-from worker.compute_rate import ComputeRate
 from worker.fault_injection import fault_hooks
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from worker.paged_kv import PagedKVCache
@@ -75,9 +74,6 @@ class ConnectorWorker:
         self._stats_pending: dict[str, dict] = {}   # engine request id: its pull or load stats, until reported
         self._stats_reported: dict[str, dict] = {}  # reported received this step: go to the scheduler with it
         self._wakeups = TransferWakeups(wake_name) if wake_name else None  # tells the engine core a transfer ended
-        # The store's loads are budgeted by it; without a store nothing reads it, so it is not kept.
-        self.compute_rate = (ComputeRate(self._store_settings.initial_compute_tokens_per_s)
-                             if self._store_settings is not None else None)
         self._layer_index: dict[str, int] = {}       # layer name: its position in the cache (and on the wire)
         self._num_steps = 0
         self.compat: common_pb2.CompatInfo | None = None
@@ -134,8 +130,6 @@ class ConnectorWorker:
 
     def start_tasks(self, meta: PDMeshConnectorMetadata) -> None:
         self._num_steps += 1  # every step the engine core sends here, with or without a forward
-        if self.compute_rate is not None:
-            self.compute_rate.on_step(meta.num_scheduled_tokens)
         if self.producer is not None:
             self.producer.start_step(meta.layerwise_steps, meta.minted_transfer_ids, meta.unheld_transfer_ids, meta)
             for send in meta.sends:
@@ -246,11 +240,8 @@ class ConnectorWorker:
         token = context.attach(extract_carrier(task.trace_carrier))
         try:
             with tracer().start_as_current_span("kvstore.load") as span:
-                settings = self._store_settings
-                budget_s = max(settings.load_budget_min_s, settings.load_budget_factor * self.compute_rate.seconds_for(
-                    len(task.block_indexes) * self._block_size))
-                stats = self.store.load(task, self._paged.write_blocks, budget_s)
-                span.set_attributes({"pdmesh.kvstore.budget_s": budget_s, "pdmesh.kvstore.cut": stats.cut,
+                stats = self.store.load(task, self._paged.write_blocks, task.budget_s)   # the scheduler side's
+                span.set_attributes({"pdmesh.kvstore.budget_s": task.budget_s, "pdmesh.kvstore.cut": stats.cut,
                     **{f"pdmesh.kvstore.tokens.{tier}": n for tier, n in stats.tokens_by_tier.items()},
                     "pdmesh.kvstore.blocks": stats.num_blocks, "pdmesh.kvstore.failed_blocks": stats.num_failed_blocks,
                     "pdmesh.kv.bytes": stats.num_bytes, "pdmesh.kv.duration_s": stats.seconds,

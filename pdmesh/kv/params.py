@@ -21,6 +21,9 @@ LOADED_FROM_STORE = "pdmesh_loaded_from_store"  # prefill handle: some prompt bl
 # PullStats / StoreLoadStats encoded (pdmesh/kv/request_stats.py). Rides the engine's own output: no RPC per request.
 REQUEST_STATS = "pdmesh_stats"
 KV_HANDLE = "pdmesh_kv"  # the KVHandle's fields
+# In every finished request's kv_transfer_params: its engine's measured prompt rate, tokens/s
+# (worker/compute_rate.py); the servicers pass it to the gateway in their answers.
+PREFILL_TOKENS_PER_S = "pdmesh_prefill_tokens_per_s"
 # Prefill request, layer-wise flow: the transfer id (minted by the gateway, also given to decode)
 # its KV is published under while it is computed.
 LAYERWISE_TRANSFER_ID = "pdmesh_layerwise_transfer_id"

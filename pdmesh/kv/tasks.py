@@ -58,6 +58,7 @@ class StoreLoadTask:
     nodes: list[str]              # where each comes from ("" = this node), aligned with block_indexes
     num_local_tokens: int = 0     # prompt tokens the engine's own prefix cache already had
     trace_carrier: dict[str, str] = field(default_factory=dict)
+    budget_s: float = float("inf")  # the load is cut once it has taken this long (the rest is computed)
 
 
 @dataclass

@@ -24,7 +24,6 @@ from pdmesh.errors import TransferNotFound
 from pdmesh.kv.tasks import SendTask, StoreLoadTask
 from tests.kv_task_names import named, names
 from tests.kvstore.factories import flip_bit
-from worker.compute_rate import ComputeRate
 from worker.metadata import PDMeshConnectorMetadata
 from worker.worker_side import ConnectorWorker
 
@@ -82,11 +81,13 @@ def _save(worker: ConnectorWorker, block_ids: list[int]) -> None:
     assert worker.saver.flush(timeout_s=10)
 
 
-def _load(worker: ConnectorWorker, nodes: list[str], local_block_ids: list[int]) -> dict:
-    """Runs a store load; returns its stats as the worker reports them to the scheduler."""
+def _load(worker: ConnectorWorker, nodes: list[str], local_block_ids: list[int],
+          budget_s: float = float("inf")) -> dict:
+    """Runs a store load (budgeted as the scheduler side would); returns its stats as the worker
+    reports them to the scheduler."""
     task = StoreLoadTask(request_id="r-2", pdmesh_request_id="mesh-2", token_ids=TOKENS[:64], extra_key=b"",
-                         block_hashes=names(worker, TOKENS[:64]),
-                         block_indexes=[0, 1], local_block_ids=local_block_ids, nodes=nodes)
+                         block_hashes=names(worker, TOKENS[:64]), block_indexes=[0, 1],
+                         local_block_ids=local_block_ids, nodes=nodes, budget_s=budget_s)
     worker._load(task)
     assert worker.get_finished() == (None, {"r-2"})
     return worker.take_worker_meta().stats["r-2"]
@@ -211,9 +212,7 @@ def test_a_load_slower_than_computing_is_cut_and_the_rest_computed(producers, mo
     monkeypatch.setattr(store_agent, "LOAD_BATCH_BLOCKS", 1)  # the budget is checked between batches
     a, _ = producers
     _save(a, [5, 2, 7])
-    a.compute_rate = ComputeRate(initial_tokens_per_s=1e12)  # computing 64 tokens would take 64 ps
-    a._store_settings.load_budget_min_s = 0.0
-    stats = _load(a, ["", ""], [0, 1])
+    stats = _load(a, ["", ""], [0, 1], budget_s=64e-12)   # computing 64 tokens would take 64 ps
     assert (stats["num_blocks"], stats["num_failed_blocks"], stats["cut"]) == (1, 1, True)
     assert a.take_failed_block_ids() == {1}
     assert a.counters()["kv_store_loads_cut"] == 1
@@ -276,9 +275,7 @@ def test_a_remote_load_reads_batch_after_batch_and_frees_the_one_exported_ahead_
     _save(a, [5, 2, 7])
     assert _load(b, [a.store.index.node] * 2, [3, 4])["tokens_by_tier"] == {"remote": 64}
     assert _same_block(b, 3, a, 5) and _same_block(b, 4, a, 2)
-    b.compute_rate = ComputeRate(initial_tokens_per_s=1e12)  # computing is free: cut after the first batch
-    b._store_settings.load_budget_min_s = 0.0
-    stats = _load(b, [a.store.index.node] * 2, [6, 1])
+    stats = _load(b, [a.store.index.node] * 2, [6, 1], budget_s=64e-12)   # computing is free: cut after a batch
     assert (stats["num_blocks"], stats["cut"]) == (1, True)
     assert _eventually(lambda: a.store.exports.num_held == 0)  # the second block, exported ahead, was released
 

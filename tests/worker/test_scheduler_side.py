@@ -9,11 +9,13 @@ from vllm.v1.request import RequestStatus
 from kvstore.store_lookup import AsyncStoreLookup
 from pdmesh.kv import params as kvp
 from pdmesh.kv.block_hash import chain_block_hashes, salt_extra_key
+from worker.compute_rate import ComputeRate, LoadBudget
 from worker.metadata import PDMeshWorkerMeta
 from worker.scheduler_side import ConnectorScheduler
 
 BLOCK_SIZE = 32
 SEED = b"model-fingerprint"
+RATE_ONLY = {kvp.PREFILL_TOKENS_PER_S: 5000.0}   # every finished request's params: the engine's prompt rate
 
 
 def _names(token_ids, cache_salt: str = "") -> list[bytes]:
@@ -119,7 +121,7 @@ def test_layerwise_producer_aborted_ends_its_transfer_for_the_reading_consumer()
     sched = ConnectorScheduler(BLOCK_SIZE, "x", SEED)
     request = _Request("p-1", [1, 2], kvp.prefill_params("m", layerwise_transfer_id="t" * 24),
                        status=RequestStatus.FINISHED_ABORTED, num_computed_tokens=2)
-    assert sched.request_finished(request, ([5],)) == (False, None)
+    assert sched.request_finished(request, ([5],)) == (False, RATE_ONLY)
     meta = sched.build_connector_meta()
     assert (meta.sends, meta.layerwise_ended) == ([], ["t" * 24])
 
@@ -139,7 +141,7 @@ def test_producer_frees_aborted_requests_at_once():
     sched = ConnectorScheduler(BLOCK_SIZE, "x", SEED)
     request = _Request("p-1", [1, 2], kvp.prefill_params("m"), status=RequestStatus.FINISHED_ABORTED,
                        num_computed_tokens=2)
-    assert sched.request_finished(request, ([5],)) == (False, None)
+    assert sched.request_finished(request, ([5],)) == (False, RATE_ONLY)
     assert sched.build_connector_meta().sends == []
 
 
@@ -147,7 +149,7 @@ def test_consumer_aborted_before_allocation_releases_the_producer():
     sched = ConnectorScheduler(BLOCK_SIZE, "x", SEED)
     request = _decode_request(50)
     request.status = RequestStatus.FINISHED_ABORTED
-    assert sched.request_finished(request, ([],)) == (False, None)
+    assert sched.request_finished(request, ([],)) == (False, RATE_ONLY)
     (task,) = sched.build_connector_meta().recvs
     assert (task.block_indexes, task.report_done) == ([], False)
 
@@ -209,7 +211,7 @@ def test_a_request_that_leaves_during_its_lookup_leaves_nothing_behind():
     request = _prefill_request(100)
     assert sched.get_num_new_matched_tokens(request, 0) == (None, False)
     request.status = RequestStatus.FINISHED_ABORTED
-    assert sched.request_finished(request, ([],)) == (False, None)
+    assert sched.request_finished(request, ([],)) == (False, RATE_ONLY)
     lookup.answer.set()
     assert sched._store.num_pending == 0 and sched._store_plans == {}
 
@@ -284,8 +286,8 @@ def test_a_decode_requests_pull_stats_come_back_in_its_finished_params():
     sched.update_connector_output(PDMeshWorkerMeta({"d-1": pull_stats}))
     sched.update_connector_output(None)  # steps without worker metadata change nothing
     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    assert sched.request_finished(request, ([1, 2, 3],)) == (False, {kvp.REQUEST_STATS: pull_stats})
-    assert sched.request_finished(request, ([1, 2, 3],)) == (False, None)  # handed out once
+    assert sched.request_finished(request, ([1, 2, 3],)) == (False, {kvp.REQUEST_STATS: pull_stats, **RATE_ONLY})
+    assert sched.request_finished(request, ([1, 2, 3],)) == (False, RATE_ONLY)  # handed out once
 
 
 def test_a_pull_flow_transfer_id_is_minted_when_first_scheduled_and_told_the_workers_before_its_handle_leaves():
@@ -312,7 +314,7 @@ def test_a_minted_transfer_id_whose_request_ends_without_a_handover_is_dropped_b
     sched.update_state_after_alloc(request, _Blocks([5]), num_external_tokens=0)
     (minted,) = sched.build_connector_meta().minted_transfer_ids
     request.status = RequestStatus.FINISHED_ABORTED
-    assert sched.request_finished(request, ([5],)) == (False, None)
+    assert sched.request_finished(request, ([5],)) == (False, RATE_ONLY)
     meta = sched.build_connector_meta()
     assert (meta.sends, meta.unheld_transfer_ids) == ([], [minted])
 
@@ -323,3 +325,21 @@ def test_layerwise_and_decode_requests_mint_no_transfer_id():
     sched.update_state_after_alloc(layerwise, _Blocks([5]), num_external_tokens=0)
     sched.update_state_after_alloc(_decode_request(64), _Blocks([1, 2]), num_external_tokens=0)
     assert sched.build_connector_meta().minted_transfer_ids == []
+
+
+def test_the_prompt_rate_is_measured_on_the_steps_scheduled_and_returned_with_every_finished_request():
+    sched = ConnectorScheduler(BLOCK_SIZE, "x", SEED, compute_rate=ComputeRate(1000.0, alpha=1.0))
+    sched.compute_rate.on_step(2000, now=10.0)   # a 2,000-token step that took 0.5 s
+    sched.compute_rate.on_step(0, now=10.5)
+    request = _Request("l-1", [1, 2], None, status=RequestStatus.FINISHED_LENGTH_CAPPED)  # served whole here
+    assert sched.request_finished(request, ([5],)) == (False, {kvp.PREFILL_TOKENS_PER_S: 4000.0})
+
+
+def test_a_store_load_is_budgeted_at_the_measured_rate():
+    sched = ConnectorScheduler(BLOCK_SIZE, "x", SEED, AsyncStoreLookup(_FakeLookup(["", "", ""]), max_wait_s=30),
+                               compute_rate=ComputeRate(6400.0), load_budget=LoadBudget(factor=2.0, min_s=0.01))
+    request = _prefill_request(100)
+    _matched(sched, request, 0)
+    sched.update_state_after_alloc(request, _Blocks([20, 21, 22, 23]), num_external_tokens=64)
+    (load,) = sched.build_connector_meta().loads
+    assert load.budget_s == 2.0 * 64 / 6400.0   # its 2 blocks' tokens at the rate, times the factor

@@ -23,6 +23,7 @@ class SchedulerStats:
     kv_cache_usage: float
     num_kv_blocks: int
     engine_quiet_steps: int
+    prefill_tokens_per_s: float   # the engine's measured prompt rate (worker/compute_rate.py)
 
 
 class EngineCalls:

@@ -16,8 +16,11 @@ METHOD_NAME = "pdmesh_scheduler_stats"
 def _scheduler_stats(engine_core) -> dict:
     scheduler = engine_core.scheduler
     num_running, num_waiting = scheduler.get_request_counts()
-    quiet = getattr(scheduler.get_kv_connector(), "quiet_steps", None)
+    connector = scheduler.get_kv_connector()
+    quiet = getattr(connector, "quiet_steps", None)
+    rate = getattr(connector, "compute_rate", None)
     return {
+        "prefill_tokens_per_s": rate.tokens_per_s if rate is not None else 0.0,
         "engine_quiet_steps": quiet.num_skipped if quiet is not None else 0,
         "num_running_requests": num_running,
         "num_waiting_requests": num_waiting,
