@@ -31,11 +31,12 @@ worker serves alone, a colocated baseline behind the same gateway), "conditional
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.seen_prefixes import SeenPrefixes, prefix_hashes
+from gateway.prompt_names import PromptNames
+from gateway.seen_prefixes import SeenPrefixes
+from pdmesh.v1 import worker_pb2
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Decision:
 
 class RatedWorker(Protocol):
     address: str
+    info: worker_pb2.WorkerInfoResponse   # its model's CompatInfo names the prompt's blocks
     prefill_tokens_per_s: float   # its engine's published prompt rate (0: not known yet)
 
 
@@ -113,20 +115,19 @@ class DisaggPolicy:
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
 
-    def decide(self, prompt_token_ids: Sequence[int], prefill: RatedWorker, decode: RatedWorker,
-               decode_busy: bool, cache_salt: str = "") -> Decision:
+    def decide(self, prompt: PromptNames, prefill: RatedWorker, decode: RatedWorker, decode_busy: bool) -> Decision:
         """Where this request's prompt is computed; remembers which workers now hold it (under its salt)."""
         if self.name != "conditional":
             decision = Decision(local=self.name == "local", reason="policy")
         else:
-            hashes = prefix_hashes(prompt_token_ids, self.seen.block_tokens, cache_salt)
-            num_tokens = len(prompt_token_ids)
+            compat = prefill.info.compat   # decode's reads it (WorkerPool.compatible_with)
+            names, block_size, num_tokens = prompt.of(compat), compat.block_size, len(prompt)
             decision = self._decide(num_tokens, prefill, decode, decode_busy,
-                                    self.seen.cached_tokens(prefill.address, hashes, num_tokens),
-                                    self.seen.cached_tokens(decode.address, hashes, num_tokens))
-            self.seen.record(decode.address, hashes)       # computed there, or pulled there
+                                    self.seen.cached_tokens(prefill.address, names, block_size, num_tokens),
+                                    self.seen.cached_tokens(decode.address, names, block_size, num_tokens))
+            self.seen.record(decode.address, names, block_size)       # computed there, or pulled there
             if not decision.local:
-                self.seen.record(prefill.address, hashes)
+                self.seen.record(prefill.address, names, block_size)
         self.decisions[(decision.local, decision.reason)] += 1
         return decision
 

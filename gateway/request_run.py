@@ -32,6 +32,7 @@ import grpc
 from gateway.disagg import Decision, DisaggPolicy
 from gateway.layerwise_flow import layerwise_handle, until_prefill_fails
 from gateway.pool import Worker, WorkerPool
+from gateway.prompt_names import PromptNames
 from gateway.routing import RoutePolicy
 from pdmesh import errors
 from pdmesh.status_map import error_from_rpc_error
@@ -180,7 +181,8 @@ class RequestRun:
         if num_left <= 0:  # the stream broke after the last token, before its finish
             yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
             return
-        prefill = state.prefill = await self._pick_prefill(prompt)
+        names = PromptNames(prompt, self.request.cache_salt)   # hashed once, for routing and the policy
+        prefill = state.prefill = await self._pick_prefill(names)
         state.decode = None
         state.prefill_seconds = state.handoff_seconds = 0.0   # the figures are the latest attempt's
         candidates = await self._pool.candidates("decode", self._excluded)
@@ -190,8 +192,7 @@ class RequestRun:
         # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
         decodes = self._pool.compatible_with(prefill, candidates)
         decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
-        state.decision = self._disagg.decide(prompt, prefill, decode, decode_busy=decode.queue() > 0,
-                                             cache_salt=self.request.cache_salt)
+        state.decision = self._disagg.decide(names, prefill, decode, decode_busy=decode.queue() > 0)
         if state.decision.local:
             state.prefill = None
             chunks = self._local_chunks(decode, prompt)
@@ -221,9 +222,9 @@ class RequestRun:
                             prefilled.kv.transfer_id)
                 self._pool.release_kv_soon(prefill, prefilled.kv)
 
-    async def _pick_prefill(self, prompt: list[int]) -> Worker:
+    async def _pick_prefill(self, prompt: PromptNames) -> Worker:
         workers = await self._pool.candidates("prefill", self._excluded)
-        return await self._policy.pick_prefill(workers, prompt, self.request.cache_salt)
+        return await self._policy.pick_prefill(workers, prompt)
 
     async def _prefill(self, prefill: Worker, prompt: list[int],
                        layerwise_transfer_id: str = "") -> worker_pb2.PrefillResponse:

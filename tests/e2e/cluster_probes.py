@@ -9,6 +9,7 @@ import grpc
 
 from gateway.pool import WorkerPool
 from gateway.prefix_index import PrefixIndex
+from gateway.prompt_names import PromptNames
 from pdmesh.cluster import LocalCluster
 from pdmesh.config import RegistrySettings, TlsSettings
 from pdmesh.registry import RegistryWatcher
@@ -67,7 +68,7 @@ async def until_indexed(index: PrefixIndex, cluster, tls: TlsSettings, prompt: l
         info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
 
     async def indexed():
-        return len(await index.holders(info.compat, prompt, "")) >= num_blocks
+        return len(await index.holders(info.compat, PromptNames(prompt))) >= num_blocks
     await until(indexed, "prefix never reached the index")
 
 
