@@ -24,10 +24,12 @@ def _build_models(args: argparse.Namespace) -> int:
         build_tokenizer(out / "tiny-llama")
         print(f"tiny Llama's tokenizer written to {out / 'tiny-llama'}")
         return 0
-    from pdmesh.models.tiny import build_deepseek_v2, build_llama
+    from pdmesh.models.tiny import build_deepseek_v2, build_llama, build_mid_llama
 
     print(f"tiny Llama written to {build_llama(out / 'tiny-llama')}")
     print(f"tiny DeepSeek-V2 (MoE + MLA) written to {build_deepseek_v2(out / 'tiny-deepseek-v2')}")
+    if args.mid:
+        print(f"a compute-bound Llama (~104 M parameters) written to {build_mid_llama(out / 'mid-llama')}")
     return 0
 
 
@@ -110,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
 
     build = sub.add_parser("build-models", help="write the tiny random-weight models and tokenizer")
     build.add_argument("--out", default=str(DEFAULT_MODEL_DIR.parent), help="folder for the model folders")
+    build.add_argument("--mid", action="store_true",
+                       help="also the compute-bound Llama (~104 M parameters, ~400 MB) of the serving benchmark")
     build.add_argument("--tokenizer-only", action="store_true",
                        help="only the tiny Llama's tokenizer files (a gateway's; needs no torch)")
     build.set_defaults(func=_build_models)

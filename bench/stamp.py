@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_DIR = Path(__file__).resolve().parents[2]
+REPO_DIR = Path(__file__).resolve().parents[1]
 # Pathspecs of what a run writes or what only documents (a report updated between parts is no new code).
 NOT_CODE = (".", ":(exclude)bench/report", ":(exclude)bench/results", ":(exclude,glob)**/*.md")
 
@@ -38,7 +38,16 @@ def run_stamp(repo_dir: Path = REPO_DIR) -> RunStamp:
 
 
 def machine() -> str:
-    return f"{platform.node()} ({platform.platform()}, {os.cpu_count()} CPUs)"
+    """Host, CPU model, the CPUs this process may use and the kernel: two runs compare only on one."""
+    return f"{platform.node()} ({cpu_model()}, {len(os.sched_getaffinity(0))} CPUs, {platform.platform()})"
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def utc_now() -> str:
