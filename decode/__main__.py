@@ -5,9 +5,12 @@ from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.runtime import worker_main
 
 
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
+
+
 def add_servicer(server, engine, info, metrics) -> None:
     worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(engine, info, metrics), server.server)
 
 
 if __name__ == "__main__":
-    worker_main("decode", worker_pb2.DESCRIPTOR.services_by_name["Decode"].full_name, add_servicer)
+    worker_main("decode", [SERVICE_NAME], add_servicer)

@@ -42,7 +42,7 @@ from pdmesh.v1 import worker_pb2
 @dataclass(frozen=True)
 class Decision:
     local: bool
-    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall", "unmeasured"
+    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall", "unmeasured", "one_worker"
     remote_s: float = 0.0
     local_s: float = 0.0
     stall_s: float = 0.0
@@ -117,7 +117,9 @@ class DisaggPolicy:
 
     def decide(self, prompt: PromptNames, prefill: RatedWorker, decode: RatedWorker, decode_busy: bool) -> Decision:
         """Where this request's prompt is computed; remembers which workers now hold it (under its salt)."""
-        if self.name != "conditional":
+        if decode is prefill:   # a worker taking both roles with no other to pair with: it serves whole
+            decision = Decision(local=True, reason="one_worker")
+        elif self.name != "conditional":
             decision = Decision(local=self.name == "local", reason="policy")
         else:
             compat = prefill.info.compat   # decode's reads it (WorkerPool.compatible_with)

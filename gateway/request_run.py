@@ -191,7 +191,8 @@ class RequestRun:
             raise _Retry(errors.WorkerFailed(f"prefill worker {prefill.address} went down"))
         # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
         decodes = self._pool.compatible_with(prefill, candidates)
-        decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
+        others = [d for d in decodes if d is not prefill]   # a worker taking both roles pairs with another
+        decode = self._policy.pick_decode(others or decodes, len(prompt) + num_left)
         state.decision = self._disagg.decide(names, prefill, decode, decode_busy=decode.queue() > 0)
         if state.decision.local:
             state.prefill = None

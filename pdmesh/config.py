@@ -247,7 +247,9 @@ class ConnectorSettings(BaseModel):
 class WorkerSettings(_LayeredSettings, KVTransportFields):
     model_config = SettingsConfigDict(env_prefix="PDMESH_WORKER_", env_nested_delimiter="__")
 
-    role: Literal["prefill", "decode"] = "prefill"
+    # "both": the worker computes prompts and holds their KV for others, decodes from a handle, or serves a
+    # request whole, whichever the gateway asks of it per request (python -m node).
+    role: Literal["prefill", "decode", "both"] = "prefill"
     host: str = "127.0.0.1"
     port: int = 0                      # 0: pick a free port and report it
     kv_host: str = "127.0.0.1"         # prefill: where its KV-transfer server listens
@@ -290,6 +292,16 @@ class WorkerSettings(_LayeredSettings, KVTransportFields):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
     @property
+    def produces(self) -> bool:
+        """It computes prompts whose KV other workers read (its KV port, its KV store)."""
+        return self.role in ("prefill", "both")
+
+    @property
+    def consumes(self) -> bool:
+        """It reads other workers' KV."""
+        return self.role in ("decode", "both")
+
+    @property
     def address_for_gateways(self) -> str:
         """host (advertise_host if set) of the worker's main port; the port is filled in once bound."""
         return self.advertise_host or self.host
@@ -322,6 +334,7 @@ class GatewaySettings(_LayeredSettings):
     port: int = 50051
     prefill_workers: list[str] = Field(default_factory=list)   # host:port
     decode_workers: list[str] = Field(default_factory=list)
+    workers: list[str] = Field(default_factory=list)   # host:port of workers taking both roles (python -m node)
     tokenizer: str = str(DEFAULT_MODEL_DIR)                     # folder with tokenizer.json
     request_timeout_s: float = 300.0
     # "decode": vLLM's P/D flow, decode samples the first token again (seeded sampling matches a

@@ -5,9 +5,12 @@ from prefill.servicer import PrefillServicer
 from worker.runtime import worker_main
 
 
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
+
+
 def add_servicer(server, engine, info, metrics) -> None:
     worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(engine, info, metrics), server.server)
 
 
 if __name__ == "__main__":
-    worker_main("prefill", worker_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name, add_servicer)
+    worker_main("prefill", [SERVICE_NAME], add_servicer)

@@ -7,6 +7,7 @@
     worker                  the vLLM-facing worker: connector, engine, runtime, every touch of
                             vLLM's internals
     prefill, decode         the two roles' services (servicer, entry point)
+    node                    a worker serving both roles: the two services in one process
     gateway                 beside them: pdmesh and kvstore's index readers only, never torch or vLLM
 
 Prefill and decode never import each other, at any layer. Found by reading every module's imports
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("pdmesh", "prefill", "decode", "kvstore", "worker", "gateway")
+PACKAGES = ("pdmesh", "prefill", "decode", "kvstore", "worker", "node", "gateway")
 # What each part may import besides itself (a part is a package, or prefill.kv / decode.kv).
 MAY_IMPORT = {
     "pdmesh": set(),
@@ -30,6 +31,7 @@ MAY_IMPORT = {
     "worker": {"pdmesh", "prefill.kv", "decode.kv", "kvstore"},
     "prefill": {"pdmesh", "prefill.kv", "kvstore", "worker"},
     "decode": {"pdmesh", "decode.kv", "kvstore", "worker"},
+    "node": {"pdmesh", "worker", "prefill", "decode"},
     "gateway": {"pdmesh", "kvstore"},
 }
 NEVER_IN_GATEWAY = ("torch", "vllm")

@@ -92,7 +92,8 @@ class PDMeshConnector(KVConnectorBase_V1):
         advertise_host, advertise_port = settings.advertised
         return ConnectorWorker(
             model=vllm_config.model_config.model, block_size=block_size,
-            is_producer=self._kv_transfer_config.is_kv_producer, kv_host=settings.kv_host, kv_port=settings.kv_port,
+            is_producer=self._kv_transfer_config.is_kv_producer,
+            is_consumer=self._kv_transfer_config.is_kv_consumer, kv_host=settings.kv_host, kv_port=settings.kv_port,
             hold_timeout_s=settings.hold_timeout_s, pull_timeout_s=settings.pull_timeout_s,
             telemetry=settings.telemetry, store=store, kv_advertise_host=advertise_host,
             kv_advertise_port=advertise_port, transport=settings.transport, tp_rank=_tp_rank(),

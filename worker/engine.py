@@ -12,6 +12,7 @@ from worker.vllm_ext.version import check_vllm_version
 
 CONNECTOR_MODULE = "worker.connector"
 WORKER_EXTENSION = "worker.vllm_ext.worker_ext.PDMeshWorkerExtension"
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer", "both": "kv_both"}   # a worker's role: vLLM's
 
 
 def apply_cpu_env(engine: EngineSettings) -> None:
@@ -51,7 +52,7 @@ def connector_settings(settings: WorkerSettings, kv_port: int, wake_name: str = 
         wake_name=wake_name, queue_spin_s=settings.engine_queue_spin_s,
         thread_cpus=settings.process_cpus,   # where its layer-wise reads run ("": every core)
         initial_prefill_tokens_per_s=settings.initial_prefill_tokens_per_s,
-        store=settings.store if settings.role == "prefill" else None,
+        store=settings.store if settings.produces else None,
         telemetry=settings.telemetry)   # the engine's worker process sets up its own tracing from this
 
 
@@ -60,7 +61,7 @@ def kv_transfer_config(settings: WorkerSettings, kv_port: int) -> dict[str, Any]
     return {
         "kv_connector": "PDMeshConnector",
         "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_producer" if settings.role == "prefill" else "kv_consumer",
+        "kv_role": KV_ROLES[settings.role],
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": connector_settings(settings, kv_port, wake_name).model_dump(mode="json"),
     }

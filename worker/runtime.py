@@ -56,7 +56,7 @@ async def describe_worker(settings: WorkerSettings, engine, kv_address: str) -> 
     return worker_pb2.WorkerInfoResponse(
         role=settings.role, model=settings.engine.served_model_name,
         max_model_len=model_config.max_model_len, compat=compat,
-        kv_address=kv_address if settings.role == "prefill" else "",
+        kv_address=kv_address if settings.produces else "",
         vocab_size=model_config.get_vocab_size())
 
 
@@ -69,7 +69,7 @@ async def _freeze_startup_heaps(engine) -> None:
                 own.collect_s)
 
 
-async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: AddServicer) -> None:
+async def run_worker(settings: WorkerSettings, service_names: list[str], add_servicer: AddServicer) -> None:
     from worker.engine_stats import ConnectorCounterSync, stat_logger_factory
 
     provider = setup_tracing(settings.telemetry, f"pdmesh-{settings.role}")
@@ -87,19 +87,19 @@ async def run_worker(settings: WorkerSettings, service_name: str, add_servicer: 
         await asyncio.to_thread(engine_debris.sweep)  # what was younger than the grace a moment ago
         block_nbytes_holder.append(info.compat.block_nbytes)
         token_check = [AioMeshTokenInterceptor(settings.mesh_token)] if settings.mesh_token else []
-        server = AioServer([service_name, "pdmesh.v1.WorkerInfo"], interceptors=token_check)
+        server = AioServer([*service_names, "pdmesh.v1.WorkerInfo"], interceptors=token_check)
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(WorkerInfoServicer(info, engine), server.server)
         add_servicer(server, engine, info, metrics)
         metrics_address = _serve_metrics(settings, metrics)
         address = await server.start(settings.host, settings.port, credentials=server_credentials(settings.tls))
         registration = await _register(settings, engine, info, address)
-        if metrics_address and settings.role == "prefill":  # only a producer's engine counts bytes sent
+        if metrics_address and settings.produces:  # only a producer's engine counts bytes sent
             ConnectorCounterSync(engine, metrics).attach(asyncio.get_running_loop())
         metrics.healthy.labels(settings.role).set(1)
         logger.info("%s worker serving on %s (KV %s, metrics %s)", settings.role, address, info.kv_address or "-",
                     metrics_address or "off")
         write_ready_file(settings.ready_file, address=address, kv_address=info.kv_address, role=settings.role,
-                         metrics_address=metrics_address, kv_port=kv_port if settings.role == "prefill" else 0)
+                         metrics_address=metrics_address, kv_port=kv_port if settings.produces else 0)
         await wait_for_termination_signal(settings.exit_with_parent)
         metrics.healthy.labels(settings.role).set(0)
         if registration is not None:
@@ -137,11 +137,11 @@ def missing_mesh_credential(settings: WorkerSettings) -> str | None:
             "ca_file); --insecure_no_mesh_auth serves anyone who reaches the ports")
 
 
-def worker_main(role: str, service_name: str, add_servicer: AddServicer, argv: list[str] | None = None) -> None:
-    """Entry point of `python -m prefill` / `python -m decode`."""
+def worker_main(role: str, service_names: list[str], add_servicer: AddServicer, argv: list[str] | None = None) -> None:
+    """Entry point of `python -m prefill` / `python -m decode` / `python -m node` (both roles)."""
     settings = WorkerSettings.from_cli(argv, role=role)
     configure_logging(settings.telemetry.log_format)
     problem = missing_mesh_credential(settings)
     if problem is not None:
         raise SystemExit(f"pdmesh {role} worker: {problem}")
-    asyncio.run(run_worker(settings, service_name, add_servicer))
+    asyncio.run(run_worker(settings, service_names, add_servicer))

@@ -46,15 +46,17 @@ STORE_LOADS = "kv store"  # their queue (they take turns as one peer's)
 
 class ConnectorWorker:
     def __init__(self, *, model: str, block_size: int, is_producer: bool, kv_host: str, kv_port: int,
+                 is_consumer: bool | None = None,
                  hold_timeout_s: float, pull_timeout_s: float, telemetry: TelemetrySettings,
                  store: StoreSettings | None = None, kv_advertise_host: str | None = None, kv_advertise_port: int = 0,
                  transport: KVTransportSettings | None = None, tp_rank: int = 0, tp_size: int = 1,
                  num_kv_heads: int = 0, wake_name: str = "", thread_cpus: str = "") -> None:
-        role = "prefill" if is_producer else "decode"
+        is_consumer = not is_producer if is_consumer is None else is_consumer   # kv_both: both
+        role = "both" if is_producer and is_consumer else "prefill" if is_producer else "decode"
         self._tracer_provider = setup_tracing(telemetry, f"pdmesh-{role}-engine")
         self._model = model
         self._block_size = block_size
-        self._is_producer = is_producer
+        self._is_producer, self._is_consumer = is_producer, is_consumer
         # Each tensor-parallel rank serves its own KV on kv_port + rank (the handle names rank 0's port):
         # no two ranks share a port.
         self._tp_rank, self._tp_size = tp_rank, tp_size
@@ -99,7 +101,7 @@ class ConnectorWorker:
             num_kv_heads=self._num_kv_heads, heads_outer=self._paged.heads_outer)
         if self._is_producer:
             self._serve()
-        else:
+        if self._is_consumer:
             self.consumer = KVConsumer(paged=self._paged, compat=self.compat, block_size=self._block_size,
                                        transport=self._transport, pull_timeout_s=self._pull_timeout_s,
                                        on_received=self._received,

@@ -114,3 +114,10 @@ def test_a_prompt_is_named_once_per_model_whatever_asks():
     assert prompt.of(COMPAT) is first and prompt.num_hashed == 1 and len(first) == 3   # 3 full blocks of 32
     other_model = common_pb2.CompatInfo(model_fingerprint="other", block_size=32)
     assert prompt.of(other_model) != first and prompt.num_hashed == 2
+
+
+def test_a_worker_paired_with_itself_serves_the_request_whole_whatever_the_policy():
+    for name in ("remote", "conditional"):
+        policy = DisaggPolicy(name, DisaggCosts(0.02), 0.1)
+        assert (policy.decide(PromptNames(_prompt(100)), D, D, decode_busy=True).reason) == "one_worker"
+        assert policy.decide(PromptNames(_prompt(100)), D, D, decode_busy=True).local

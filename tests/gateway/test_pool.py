@@ -120,3 +120,12 @@ async def test_a_registry_record_brings_its_workers_published_prompt_rate():
         assert worker.prefill_tokens_per_s == 2500.0   # the last rate it published stands
     finally:
         await pool.close()
+
+
+async def test_a_worker_taking_both_roles_is_a_candidate_for_either():
+    pool = WorkerPool(["127.0.0.1:1"], ["127.0.0.1:2"], both_addresses=["127.0.0.1:3"])
+    try:
+        assert [w.address for w in pool.workers("prefill")] == ["127.0.0.1:1", "127.0.0.1:3"]
+        assert [w.address for w in pool.workers("decode")] == ["127.0.0.1:2", "127.0.0.1:3"]
+    finally:
+        await pool.close()
