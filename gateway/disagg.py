@@ -108,12 +108,22 @@ class DisaggCosts:
 
 class DisaggPolicy:
     def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float,
-                 seen: SeenPrefixes | None = None) -> None:
+                 seen: SeenPrefixes | None = None, ttft_slo_s: float = 2.5) -> None:
         self.name = name
         self.costs = costs
         self.seen = seen or SeenPrefixes()
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
+        self.ttft_slo_s = ttft_slo_s
+
+    @property
+    def adaptive(self) -> bool:
+        """Placement weighs every worker and pair (gateway/placement.py), not one pair routing chose."""
+        return self.name == "adaptive"
+
+    def count(self, decision: Decision) -> Decision:
+        self.decisions[(decision.local, decision.reason)] += 1
+        return decision
 
     def decide(self, prompt: PromptNames, prefill: RatedWorker, decode: RatedWorker, decode_busy: bool) -> Decision:
         """Where this request's prompt is computed; remembers which workers now hold it (under its salt)."""

@@ -11,10 +11,10 @@ that spans the resume point is not seen.
 Whatever ends an attempt other than a finished decode (failure, cancel, deadline) releases the
 prefill's pinned blocks, so a cancelled request never waits for the hold timeout.
 
-Each attempt first asks the disaggregation policy (gateway/disagg.py) whether to prefill remotely
-or let the chosen decode worker compute the prompt itself; the attempt counts the prompt tokens
-it has each worker computing, reports the handoff it observed, and keeps the prompt rate each
-worker publishes in its answers (the policy's inputs).
+Each attempt is placed first: the routing policy's pair and the disaggregation policy's local or
+remote (gateway/disagg.py), or, adaptive, every worker and pair weighed (gateway/placement.py). It
+counts the prompt tokens it has each worker computing, reports the handoff it saw, and keeps the
+prompt rate each worker publishes in its answers: the placement's inputs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import grpc
 from gateway.disagg import Decision, DisaggPolicy
 from gateway.layerwise_flow import layerwise_handle, until_prefill_fails
 from gateway.pool import Worker, WorkerPool
+from gateway.placement import place
 from gateway.prompt_names import PromptNames
 from gateway.routing import RoutePolicy
 from pdmesh import errors
@@ -182,20 +183,12 @@ class RequestRun:
             yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
             return
         names = PromptNames(prompt, self.request.cache_salt)   # hashed once, for routing and the policy
-        prefill = state.prefill = await self._pick_prefill(names)
-        state.decode = None
-        state.prefill_seconds = state.handoff_seconds = 0.0   # the figures are the latest attempt's
-        candidates = await self._pool.candidates("decode", self._excluded)
-        if prefill.info is None:   # another request's failed call marked it down while this one waited
-            self._excluded.add(prefill.address)
-            raise _Retry(errors.WorkerFailed(f"prefill worker {prefill.address} went down"))
-        # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
-        decodes = self._pool.compatible_with(prefill, candidates)
-        others = [d for d in decodes if d is not prefill]   # a worker taking both roles pairs with another
-        decode = self._policy.pick_decode(others or decodes, len(prompt) + num_left)
-        state.decision = self._disagg.decide(names, prefill, decode, decode_busy=decode.queue() > 0)
+        state.decode, state.prefill_seconds, state.handoff_seconds = None, 0.0, 0.0   # the latest attempt's
+        placed = (place(self._pool, self._disagg, names, self._excluded) if self._disagg.adaptive
+                  else self._route(names, len(prompt) + num_left))
+        prefill, decode, state.decision = await placed
+        state.prefill = None if state.decision.local else prefill
         if state.decision.local:
-            state.prefill = None
             chunks = self._local_chunks(decode, prompt)
         elif self._layerwise:
             chunks = self._layerwise_chunks(prefill, decode, prompt)
@@ -223,9 +216,18 @@ class RequestRun:
                             prefilled.kv.transfer_id)
                 self._pool.release_kv_soon(prefill, prefilled.kv)
 
-    async def _pick_prefill(self, prompt: PromptNames) -> Worker:
-        workers = await self._pool.candidates("prefill", self._excluded)
-        return await self._policy.pick_prefill(workers, prompt)
+    async def _route(self, names: PromptNames, num_tokens: int) -> tuple[Worker, Worker, Decision]:
+        """The routing policy's prefill, then its decode among the others, then local or remote."""
+        prefill = await self._policy.pick_prefill(await self._pool.candidates("prefill", self._excluded), names)
+        candidates = await self._pool.candidates("decode", self._excluded)
+        if prefill.info is None:   # another request's failed call marked it down while this one waited
+            self._excluded.add(prefill.address)
+            raise _Retry(errors.WorkerFailed(f"prefill worker {prefill.address} went down"))
+        # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
+        decodes = self._pool.compatible_with(prefill, candidates)
+        others = [d for d in decodes if d is not prefill]   # a worker taking both roles pairs with another
+        decode = self._policy.pick_decode(others or decodes, num_tokens)
+        return prefill, decode, self._disagg.decide(names, prefill, decode, decode_busy=decode.queue() > 0)
 
     async def _prefill(self, prefill: Worker, prompt: list[int],
                        layerwise_transfer_id: str = "") -> worker_pb2.PrefillResponse:

@@ -361,7 +361,10 @@ class GatewaySettings(_LayeredSettings):
     http_max_connections: int = Field(512, gt=0)
     # Where prompts are computed (gateway/disagg.py): "remote" always on a prefill worker (P/D), "local" always
     # on the decode worker, "conditional" per request from measured costs (Dynamo's conditional disaggregation).
-    disagg_policy: Literal["remote", "local", "conditional"] = "remote"
+    # adaptive: over workers taking both roles, each request served whole or split over a pair, from
+    # predicted TTFT and the stall it inflicts on running streams (gateway/placement.py)
+    disagg_policy: Literal["remote", "local", "conditional", "adaptive"] = "remote"
+    ttft_slo_s: float = 2.5                 # adaptive: options predicted past it are taken last
     max_local_stall_s: float = 0.1          # conditional: a busy decode prefills locally only if its streams wait <= this
     disagg_initial_handoff_s: float = 0.02         # conditional: prefill response -> decode's first token, until measured
     # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".

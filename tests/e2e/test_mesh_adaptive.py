@@ -27,7 +27,7 @@ def nodes(tiny_llama_dir, reference, tmp_path_factory):
             assert (stats.num_held_transfers, stats.num_expired_transfers) == (0, 0), address
 
 
-@pytest.mark.parametrize("policy", ["remote", "local", "conditional"])
+@pytest.mark.parametrize("policy", ["remote", "local", "conditional", "adaptive"])
 async def test_greedy_tokens_equal_monolithic_whichever_role_each_worker_takes(nodes, reference, tiny_llama_dir,
                                                                                 policy):
     async with in_process_gateway(nodes, tiny_llama_dir, prefill_workers=[], decode_workers=[],
