@@ -42,6 +42,7 @@ class System:
     description: str = ""
     env: dict[str, str] = field(default_factory=dict)
     static: bool = True            # a fixed deployment (an anchor the adaptive mesh is measured against)
+    num_both: int = 0              # pdmesh: workers taking both roles instead of the 1P + 1D split
 
 
 ARMS: dict[str, System] = {s.name: s for s in (
@@ -57,6 +58,8 @@ ARMS: dict[str, System] = {s.name: s for s in (
     System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",), description="pdmesh 1P + 1D, no KV store"),
     System("pdmesh-spin", "pdmesh", worker_args=("--engine_queue_spin_s", "1"),
            description="pdmesh 1P + 1D, the engines' queues busy-poll 1 s after each message (vLLM's way)"),
+    System("pdmesh-adaptive", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"), static=False,
+           description="pdmesh, 2 workers taking both roles (one per core), adaptive placement per request"),
 )}
 
 
@@ -120,6 +123,8 @@ def pdmesh_cluster(system: System, model_dir: Path, log_dir: Path) -> Iterator[s
 
     with tempfile.TemporaryDirectory(prefix="pdmesh-bench-") as store_dir, \
             LocalCluster(model_dir, log_dir / system.name, worker_args=list(system.worker_args),
+                         num_prefill=0 if system.num_both else 1, num_decode=0 if system.num_both else 1,
+                         num_both=system.num_both,
                          gateway_args=["--http_port", "0", *system.gateway_args],
                          store_dir=Path(store_dir)) as cluster:
         yield f"http://{cluster.http_address}"
