@@ -24,7 +24,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers", "kv_store_blocks", "kv_store_occupancy_bytes", "kv_store_hit_blocks", "kv_store_corrupt_blocks", "kv_store_blocks_saved", "kv_store_blocks_loaded", "kv_store_failed_blocks", "kv_store_pinned_blocks", "kv_store_dropped_blocks", "kv_store_index_errors", "num_running_requests", "num_waiting_requests", "kv_cache_usage", "num_kv_blocks", "kv_store_saves_skipped", "kv_store_blocks_skipped", "kv_store_loads_cut", "kv_store_saves_pending", "kv_store_corrupt_blocks_by_tier", "engine_quiet_steps", "engine_worker_steps", "kv_store_index_dropped_events")
+    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers", "kv_store_blocks", "kv_store_occupancy_bytes", "kv_store_hit_blocks", "kv_store_corrupt_blocks", "kv_store_blocks_saved", "kv_store_blocks_loaded", "kv_store_failed_blocks", "kv_store_pinned_blocks", "kv_store_dropped_blocks", "kv_store_index_errors", "num_running_requests", "num_waiting_requests", "kv_cache_usage", "num_kv_blocks", "kv_store_saves_skipped", "kv_store_blocks_skipped", "kv_store_loads_cut", "kv_store_saves_pending", "kv_store_corrupt_blocks_by_tier", "engine_quiet_steps", "engine_worker_steps", "kv_store_index_dropped_events", "prefill_tokens_per_s")
     class KvStoreOccupancyBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class WorkerStats(_message.Message):
     ENGINE_QUIET_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_WORKER_STEPS_FIELD_NUMBER: _ClassVar[int]
     KV_STORE_INDEX_DROPPED_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     kv_blocks_received: int
     kv_bytes_received: int
     kv_failed_blocks: int
@@ -104,7 +105,8 @@ class WorkerStats(_message.Message):
     engine_quiet_steps: int
     engine_worker_steps: int
     kv_store_index_dropped_events: int
-    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., kv_store_saves_skipped: _Optional[int] = ..., kv_store_blocks_skipped: _Optional[int] = ..., kv_store_loads_cut: _Optional[int] = ..., kv_store_saves_pending: _Optional[int] = ..., kv_store_corrupt_blocks_by_tier: _Optional[_Mapping[str, int]] = ..., engine_quiet_steps: _Optional[int] = ..., engine_worker_steps: _Optional[int] = ..., kv_store_index_dropped_events: _Optional[int] = ...) -> None: ...
+    prefill_tokens_per_s: float
+    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., kv_store_saves_skipped: _Optional[int] = ..., kv_store_blocks_skipped: _Optional[int] = ..., kv_store_loads_cut: _Optional[int] = ..., kv_store_saves_pending: _Optional[int] = ..., kv_store_corrupt_blocks_by_tier: _Optional[_Mapping[str, int]] = ..., engine_quiet_steps: _Optional[int] = ..., engine_worker_steps: _Optional[int] = ..., kv_store_index_dropped_events: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class WorkerRecord(_message.Message):
     __slots__ = ("role", "address", "kv_address", "model", "model_fingerprint", "max_num_seqs", "num_kv_blocks", "num_running", "num_waiting", "kv_cache_usage", "started_at", "updated_at", "prefill_tokens_per_s")

@@ -60,3 +60,13 @@ async def test_each_call_reaches_the_method_of_its_name_and_comes_back_typed(cal
     assert await calls.release_transfer("t-1") is True and _ConnectorWorker.released[-1] == "t-1"
     assert await calls.release_request("r-1") == 2
     assert await calls.scheduler_stats() == SchedulerStats(1, 2, 0.25, 64, 5, 2500.0)
+
+
+async def test_a_workers_stats_answer_carries_every_field_the_engine_reports(calls, monkeypatch):
+    """GetStats builds WorkerStats from the connector's counters and the scheduler's stats whole:
+    a field the engine reports that WorkerStats lacks would fail every call."""
+    from worker.runtime import WorkerInfoServicer
+
+    servicer = WorkerInfoServicer(None, _Engine())
+    stats = await servicer.GetStats(None, None)
+    assert (stats.kv_blocks_sent, stats.num_running_requests, stats.prefill_tokens_per_s) == (7, 1, 2500.0)
