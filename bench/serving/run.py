@@ -34,9 +34,9 @@ def run_arm(arm: System, model_dir: Path, workloads: Sequence[Workload], repeat:
         measure_point(base_url, model_dir, WARMUP, WARMUP.points[0], timeout_s)
         for workload in workloads:
             for point in workload.points:
-                row = Row.measured(stamp, *measure_point(base_url, model_dir, workload, point, timeout_s),
-                                   arm=arm.name, workload=workload.name, kind=workload.kind, point=point,
-                                   repeat=repeat)
+                timings, measured = measure_point(base_url, model_dir, workload, point, timeout_s)
+                row = Row.measured(stamp, timings, arm=arm.name, workload=workload.name, kind=workload.kind,
+                                   point=point, repeat=repeat, **measured)
                 rows.append(row)
                 print(f"[{arm.name} #{repeat}] {workload.name} @ {point:g}: {row.summary()}", flush=True)
     return rows
