@@ -1,5 +1,5 @@
 """What naming a prompt's blocks costs: xxh3-128 (pdmesh's names until LAYOUT_VERSION 2) against
-SHA-256 truncated to 128 bits (kvstore/block_hash.py since), per 2,048-token prompt.
+SHA-256 truncated to 128 bits (pdmesh/kv/block_hash.py since), per 2,048-token prompt.
 
 python -m bench.bench_block_hash [--repeats 7 --number 200]
 
@@ -22,7 +22,7 @@ import numpy as np
 import xxhash
 
 from bench.common import random_prompts
-from kvstore.block_hash import ROOT_PARENT, chain_block_hashes
+from pdmesh.kv.block_hash import ROOT_PARENT, chain_block_hashes
 
 PROMPT_TOKENS = 2048
 BLOCK_SIZES = (32, 16)   # 64 and 128 blocks a prompt

@@ -36,8 +36,8 @@ BATCH = 32
 def run_engine(capacity: int, seconds: float, sample_every_s: float) -> dict:
     """One engine's run (in this process, the leader of its process group): samples and requests."""
     from pdmesh.config import DEFAULT_MODEL_DIR, EngineSettings
-    from pdmesh.engine import apply_cpu_env, engine_kwargs
     from pdmesh.models.tiny import ensure_llama
+    from worker.engine import apply_cpu_env, engine_kwargs
 
     engine = EngineSettings(model=str(ensure_llama(DEFAULT_MODEL_DIR)), omp_threads_bind="0-1",
                             enable_prefix_caching=False, onednn_primitive_cache_capacity=capacity)

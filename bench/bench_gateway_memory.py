@@ -22,7 +22,7 @@ import grpc
 
 from bench.fault_campaign.resources import pss_bytes
 from bench.fault_campaign.workload import campaign_prompts
-from bench.serve_systems import spawned
+from bench.serving.arms import spawned
 from bench.soak import NUM_PREFIXES
 from pdmesh.client import make_request
 from pdmesh.config import DEFAULT_MODEL_DIR

@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 
 from bench.common import REPORT_DIR, plot_bars
-from bench.serve_systems import spawned
+from bench.serving.arms import spawned
 from pdmesh.client import make_request
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.transport.grpc_options import GRPC_OPTIONS

@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.common import REPORT_DIR, plot_bars, random_prompts
-from bench.serve_systems import System, monolithic_vllm
+from bench.serving.arms import System, monolithic_vllm
 from pdmesh.client import make_request, stream_generate
 from pdmesh.cluster import LocalCluster
 from pdmesh.config import DEFAULT_MODEL_DIR

@@ -46,7 +46,7 @@ def _worker(model_dir: Path, is_producer: bool, transport: str, num_blocks: int)
     import torch
 
     from pdmesh.config import KVTransportSettings, TelemetrySettings
-    from pdmesh.connector.worker_side import ConnectorWorker
+    from worker.worker_side import ConnectorWorker
 
     worker = ConnectorWorker(model=str(model_dir), block_size=BLOCK_SIZE, is_producer=is_producer,
                              kv_host="127.0.0.1", kv_port=0, hold_timeout_s=3600, pull_timeout_s=60,
@@ -59,17 +59,19 @@ def _worker(model_dir: Path, is_producer: bool, transport: str, num_blocks: int)
 
 # ---- the producer process ----
 def serve(spec_path: Path) -> None:
-    from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask
+    from pdmesh.kv.tasks import SendTask
+    from tests.kv_task_names import named
+    from worker.metadata import PDMeshConnectorMetadata
 
     spec = json.loads(spec_path.read_text())
     os.sched_setaffinity(0, {0})
     worker, _ = _worker(Path(spec["model_dir"]), True, "auto", spec["num_blocks"])
-    sends = [SendTask(transfer_id, list(range(num_blocks)), _tokens(num_blocks, salt))
+    sends = [named(worker, SendTask(transfer_id, list(range(num_blocks)), _tokens(num_blocks, salt)))
              for transfer_id, num_blocks, salt in spec["transfers"]]
     worker.start_tasks(PDMeshConnectorMetadata(sends=sends))
-    engine = worker._exporters[-1]._engine if worker._exporters else None
+    engine = worker.producer.exporters[-1]._engine if worker.producer.exporters else None
     regions = worker._paged.regions()
-    serve_until_released(spec, {"address": worker._server.address, "session": engine.session if engine else "",
+    serve_until_released(spec, {"address": worker.producer.server.address, "session": engine.session if engine else "",
                                 "bases": [r.base for r in regions]})
     worker.shutdown()
 
@@ -78,12 +80,13 @@ def serve(spec_path: Path) -> None:
 def _read(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) -> float:
     """Seconds of one read through the consumer's transport, as decode's pull does it: from the
     start of the pull to the request reported received (the release follows, off its path)."""
-    from pdmesh.connector.metadata import RecvTask
+    from pdmesh.kv.tasks import RecvTask
+    from tests.kv_task_names import named
 
-    task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
-                    kv_address=address, block_indexes=list(range(num_blocks)),
-                    local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt))
-    consumer._receive(task)
+    task = named(consumer, RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
+                                    kv_address=address, block_indexes=list(range(num_blocks)),
+                                    local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt)))
+    consumer.consumer._receive(task)
     stats = consumer._stats_pending.pop(transfer_id)
     seconds = stats["seconds"]
     consumer._done_recving.discard(transfer_id)
@@ -138,7 +141,7 @@ def _measure(args, sizes, plan, served, work: Path, max_blocks: int) -> dict:
         consumer, _ = _worker(work, False, transport, max_blocks)
         try:
             if transport == "mooncake":
-                engine = consumer._links_for((0, 1))._readers["mooncake"]._engine
+                engine = consumer.consumer.links_for((0, 1))._readers["mooncake"]._engine
                 local = [r.base for r in consumer._paged.regions()]
                 for size in sizes:
                     results["raw_te_gbps"][size] = _raw_te_gbps(engine, served["session"], served["bases"], local,

@@ -32,7 +32,7 @@ def run_monolithic(model_dir: Path, rounds: list[list[list[int]]], output_len: i
         spec = {"model": str(model_dir), "omp_threads_bind": "0-1",
                 "runs": [{"prompts": prompts, "sampling": sampling} for prompts in rounds]}
         (Path(work) / "in.json").write_text(json.dumps(spec))
-        subprocess.run([sys.executable, "-m", "pdmesh.baseline", f"{work}/in.json", f"{work}/out.json"],
+        subprocess.run([sys.executable, "-m", "worker.baseline", f"{work}/in.json", f"{work}/out.json"],
                        check=True, capture_output=True)
         runs = json.loads((Path(work) / "out.json").read_text())["runs"]
     return [run["seconds"] for run in runs]

@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.common import REPORT_DIR, plot_bars, random_prompts
-from bench.serve_systems import System, monolithic_vllm, spawned
+from bench.serving.arms import System, monolithic_vllm, spawned
 from pdmesh.config import DEFAULT_MODEL_DIR, TlsSettings
 from pdmesh.models.tiny import ensure_llama
 from pdmesh.tls import open_channel

@@ -40,7 +40,7 @@ def _worker(model_dir: Path, transport: str, num_blocks: int, store_bytes: int, 
     import torch
 
     from pdmesh.config import KVTransportSettings, StoreSettings, TelemetrySettings
-    from pdmesh.connector.worker_side import ConnectorWorker
+    from worker.worker_side import ConnectorWorker
 
     store = StoreSettings(device_bytes=0, dram_bytes=store_bytes, nvme_bytes=0, export_bytes=store_bytes,
                           fetch_timeout_s=60) if is_producer else None
@@ -55,26 +55,31 @@ def _worker(model_dir: Path, transport: str, num_blocks: int, store_bytes: int, 
 
 # ---- the holder process ----
 def serve(spec_path: Path) -> None:
-    from pdmesh.connector.metadata import PDMeshConnectorMetadata, SendTask
+    from pdmesh.kv.tasks import SendTask
+    from tests.kv_task_names import named
+    from worker.metadata import PDMeshConnectorMetadata
 
     spec = json.loads(spec_path.read_text())
     os.sched_setaffinity(0, {0})
     worker = _worker(Path(spec["model_dir"]), "auto", spec["num_blocks"], spec["store_bytes"])
     for name, num_blocks, salt in spec["prompts"]:  # one at a time: a prompt is the whole cache
-        worker.start_tasks(PDMeshConnectorMetadata(sends=[SendTask(name, list(range(num_blocks)),
-                                                                   _tokens(num_blocks, salt))]))
+        send = named(worker, SendTask(name, list(range(num_blocks)), _tokens(num_blocks, salt)))
+        worker.start_tasks(PDMeshConnectorMetadata(sends=[send]))
         if not worker.saver.flush(timeout_s=300):
             raise RuntimeError("the store did not save the prompts")
-    serve_until_released(spec, {"address": worker._server.address, "blocks": worker.store.store.num_blocks})
+    serve_until_released(spec, {"address": worker.producer.server.address, "blocks": worker.store.store.num_blocks})
     worker.shutdown()
 
 
 # ---- this process ----
 def _load_seconds(loader, node: str, num_blocks: int, salt: int) -> float:
-    from pdmesh.connector.metadata import StoreLoadTask
+    from pdmesh.kv.tasks import StoreLoadTask
+    from tests.kv_task_names import names
 
-    task = StoreLoadTask(request_id="r", pdmesh_request_id="r", token_ids=_tokens(num_blocks, salt), extra_key=b"",
-                         block_indexes=list(range(num_blocks)), local_block_ids=list(range(num_blocks)),
+    token_ids = _tokens(num_blocks, salt)
+    task = StoreLoadTask(request_id="r", pdmesh_request_id="r", token_ids=token_ids, extra_key=b"",
+                         block_hashes=names(loader, token_ids), block_indexes=list(range(num_blocks)),
+                         local_block_ids=list(range(num_blocks)),
                          nodes=[node] * num_blocks)
     stats = loader.store.load(task, loader._paged.write_blocks)
     if stats.num_blocks != num_blocks:
@@ -83,12 +88,14 @@ def _load_seconds(loader, node: str, num_blocks: int, salt: int) -> float:
 
 
 def _pull_seconds(consumer, address: str, transfer_id: str, num_blocks: int, salt: int) -> float:
-    from pdmesh.connector.metadata import RecvTask
+    from pdmesh.kv.tasks import RecvTask
+    from tests.kv_task_names import named
 
-    task = RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
-                    kv_address=address, block_indexes=list(range(num_blocks)),
-                    local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt), report_done=False)
-    stats = consumer._receive_traced(task, _NoSpan())
+    task = named(consumer, RecvTask(request_id=transfer_id, pdmesh_request_id=transfer_id, transfer_id=transfer_id,
+                                    kv_address=address, block_indexes=list(range(num_blocks)),
+                                    local_block_ids=list(range(num_blocks)), token_ids=_tokens(num_blocks, salt),
+                                    report_done=False))
+    stats = consumer.consumer._receive_traced(task, _NoSpan())
     if stats.num_blocks != num_blocks:
         raise RuntimeError(f"{transfer_id}: {stats.num_blocks} of {num_blocks} blocks landed")
     return stats.seconds

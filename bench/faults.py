@@ -43,7 +43,7 @@ from bench.fault_campaign.faults import Fault, all_faults
 from bench.fault_campaign.load import Workload
 from bench.fault_campaign.mesh import FaultMesh, MeshSpec, add_run_arguments, fresh_dir
 from bench.fault_campaign.outcomes import Outcome
-from bench.fault_campaign.stamp import run_stamp
+from bench.stamp import run_stamp
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama

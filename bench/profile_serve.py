@@ -1,6 +1,6 @@
-"""Profiles every process of a system under one `bench.serve` workload point with py-spy.
+"""Profiles every process of an arm under one `bench.serve` workload point with py-spy.
 
-python -m bench.profile_serve [--system pdmesh] [--workload long] [--point 3] [--seconds 20]
+python -m bench.profile_serve [--arm pdmesh-1p1d] [--workload long] [--point 3] [--seconds 20]
 
 Starts the system, starts the load, lets it run `--delay-s`, then records each of the system's
 processes (gateway, workers' API servers, engine cores, model workers) for `--seconds` at once and
@@ -18,8 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.serve import PROFILES, SYSTEMS, run_point
-from bench.serve_systems import start
+from bench.serving.arms import ARMS, start
+from bench.serving.run import measure_point
+from bench.serving.workloads import PROFILES
 from pdmesh.config import DEFAULT_MODEL_DIR
 
 
@@ -56,8 +57,8 @@ def _python_processes(exclude: set[int]) -> dict[int, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--system", default="pdmesh", choices=sorted(SYSTEMS))
-    parser.add_argument("--profile", default="quick")
+    parser.add_argument("--arm", default="pdmesh-1p1d", choices=sorted(ARMS))
+    parser.add_argument("--profile", default="full")
     parser.add_argument("--workload", default="long")
     parser.add_argument("--point", type=float, default=None)
     parser.add_argument("--delay-s", type=float, default=5.0)
@@ -69,10 +70,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     before = set(_python_processes(set()))
-    with tempfile.TemporaryDirectory() as log_dir, start(SYSTEMS[args.system], Path(DEFAULT_MODEL_DIR),
+    with tempfile.TemporaryDirectory() as log_dir, start(ARMS[args.arm], Path(DEFAULT_MODEL_DIR),
                                                           Path(log_dir)) as base_url:
         processes = _python_processes(before)
-        load = threading.Thread(target=run_point, args=(base_url, Path(DEFAULT_MODEL_DIR), workload, point, 0, 900))
+        load = threading.Thread(target=measure_point, args=(base_url, Path(DEFAULT_MODEL_DIR), workload, point, 900))
         load.start()
         time.sleep(args.delay_s)
         spies = []

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.common import REPORT_DIR, RESULTS_DIR
 from bench.fault_campaign.mesh import FaultMesh, MeshSpec, add_run_arguments, fresh_dir
 from bench.fault_campaign.soak import SoakResult, run_soak
-from bench.fault_campaign.stamp import RunStamp, run_stamp
+from bench.stamp import RunStamp, run_stamp
 from bench.fault_campaign.workload import build_workload
 from pdmesh.config import DEFAULT_MODEL_DIR
 from pdmesh.models.tiny import ensure_llama

@@ -2,7 +2,10 @@
 
 from decode.servicer import DecodeServicer
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from pdmesh.worker_runtime import worker_main
+from worker.runtime import worker_main
+
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
 
 
 def add_servicer(server, engine, info, metrics) -> None:
@@ -10,4 +13,4 @@ def add_servicer(server, engine, info, metrics) -> None:
 
 
 if __name__ == "__main__":
-    worker_main("decode", worker_pb2.DESCRIPTOR.services_by_name["Decode"].full_name, add_servicer)
+    worker_main("decode", [SERVICE_NAME], add_servicer)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 
 from pdmesh.compat import check_readable, tp_size
-from pdmesh.connector.params import REQUEST_STATS, decode_params
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.kv.params import PREFILL_TOKENS_PER_S, decode_params
+from pdmesh.kv.request_stats import PullStats, pull_stats
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
-from pdmesh.validation import check_prompt, check_sampling
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from pdmesh.validation import check_prompt, check_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -66,29 +67,30 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     def _fill_final(self, chunk: worker_pb2.DecodeResponse, request: worker_pb2.DecodeRequest,
                     finish_reason: str | None, kv_params: dict | None) -> None:
         chunk.finish_reason = finish_reason_of(finish_reason)
-        stats = (kv_params or {}).get(REQUEST_STATS)  # what the KV pull did, returned with the output
+        chunk.prefill_tokens_per_s = (kv_params or {}).get(PREFILL_TOKENS_PER_S, 0.0)
+        stats = pull_stats(kv_params)  # what the KV pull did, returned with the output
         if stats:
-            chunk.kv_blocks_received = stats["num_blocks"]
-            chunk.kv_bytes_received = stats["num_bytes"]
-            chunk.kv_seconds = stats["seconds"]
-            chunk.kv_first_block_seconds = stats["first_block_seconds"]
-            chunk.num_cached_tokens = stats["num_reused_tokens"]
-            if stats["layerwise"]:
+            chunk.kv_blocks_received = stats.num_blocks
+            chunk.kv_bytes_received = stats.num_bytes
+            chunk.kv_seconds = stats.seconds
+            chunk.kv_first_block_seconds = stats.first_block_seconds
+            chunk.num_cached_tokens = stats.num_reused_tokens
+            if stats.layerwise:
                 chunk.kv_layerwise = True
-                chunk.kv_seconds_before_prefill_done = stats["seconds_before_prefill_done"]
-                chunk.kv_seconds_after_prefill_done = stats["seconds_after_prefill_done"]
-                chunk.kv_overlap_ratio = stats["overlap_ratio"]
+                chunk.kv_seconds_before_prefill_done = stats.seconds_before_prefill_done
+                chunk.kv_seconds_after_prefill_done = stats.seconds_after_prefill_done
+                chunk.kv_overlap_ratio = stats.overlap_ratio
             self._record_transfer(stats, len(request.prompt_token_ids))
 
-    def _record_transfer(self, stats: dict, num_prompt_tokens: int) -> None:
-        role, m, transport = self._metrics.role, self._metrics, stats["transport"] or "none"
-        m.kv_bytes.labels(role, "received", transport).inc(stats["num_bytes"])
-        m.kv_failed_blocks.labels(role).inc(stats["num_failed_blocks"])
-        if stats["num_bytes"] and stats["seconds"] > 0:
-            m.kv_gbps.labels(role, transport).observe(stats["num_bytes"] / stats["seconds"] / 1e9)
-            m.kv_seconds.labels(role, transport).observe(stats["seconds"])
-            if stats["layerwise"]:
-                m.kv_overlap_ratio.labels(role, transport).observe(stats["overlap_ratio"])
+    def _record_transfer(self, stats: PullStats, num_prompt_tokens: int) -> None:
+        role, m, transport = self._metrics.role, self._metrics, stats.transport or "none"
+        m.kv_bytes.labels(role, "received", transport).inc(stats.num_bytes)
+        m.kv_failed_blocks.labels(role).inc(stats.num_failed_blocks)
+        if stats.num_bytes and stats.seconds > 0:
+            m.kv_gbps.labels(role, transport).observe(stats.num_bytes / stats.seconds / 1e9)
+            m.kv_seconds.labels(role, transport).observe(stats.seconds)
+            if stats.layerwise:
+                m.kv_overlap_ratio.labels(role, transport).observe(stats.overlap_ratio)
         m.cache_query_tokens.labels(role).inc(num_prompt_tokens)
-        m.cache_hit_tokens.labels(role, "device").inc(stats["num_local_tokens"])
-        m.cache_hit_tokens.labels(role, "peer").inc(stats["num_reused_tokens"] - stats["num_local_tokens"])
+        m.cache_hit_tokens.labels(role, "device").inc(stats.num_local_tokens)
+        m.cache_hit_tokens.labels(role, "peer").inc(stats.num_reused_tokens - stats.num_local_tokens)

@@ -18,10 +18,11 @@ engines' caches are salted alike; gateway/seen_prefixes.py). A mostly cached pro
 whichever side holds it.
 
 Local wins when it is cheaper AND either the decode is idle or the stall stays within
-`max_local_stall_s`. The rates and the handoff are exponential moving averages of what this gateway
-observes (prefill RPCs that started on an empty queue, local prefills' TTFT, remote handoffs),
-starting from `initial_tokens_per_s` / `initial_handoff_s` until the first observations come in.
-Queued tokens are this gateway's own in-flight prompts on each worker.
+`max_local_stall_s`. Each worker's prompt rate is the one its engine measures on its own steps and
+publishes (worker/compute_rate.py: in every answer and in its registry record); until both workers
+of a pair have published one, the prompt goes remote. The handoff is what this gateway observes
+(an exponential moving average of remote handoffs, from `initial_handoff_s`). Queued tokens are this
+gateway's own in-flight prompts on each worker.
 
 Policies: "remote" (always disaggregate: vLLM's and SGLang's P/D flow), "local" (never: the decode
 worker serves alone, a colocated baseline behind the same gateway), "conditional" (the model above).
@@ -30,16 +31,18 @@ worker serves alone, a colocated baseline behind the same gateway), "conditional
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from gateway.seen_prefixes import SeenPrefixes, prefix_hashes
+from gateway.prompt_names import PromptNames
+from gateway.seen_prefixes import SeenPrefixes
+from pdmesh.v1 import worker_pb2
 
 
 @dataclass(frozen=True)
 class Decision:
     local: bool
-    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall"
+    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall", "unmeasured", "one_worker"
     remote_s: float = 0.0
     local_s: float = 0.0
     stall_s: float = 0.0
@@ -54,6 +57,12 @@ class Decision:
                 "pdmesh.disagg.decode_cached_tokens": self.decode_cached_tokens}
 
 
+class RatedWorker(Protocol):
+    address: str
+    info: worker_pb2.WorkerInfoResponse   # its model's CompatInfo names the prompt's blocks
+    prefill_tokens_per_s: float   # its engine's published prompt rate (0: not known yet)
+
+
 class Ewma:
     def __init__(self, initial: float, alpha: float = 0.2) -> None:
         self.value = initial
@@ -65,23 +74,32 @@ class Ewma:
         self.num_samples += 1
 
 
+class QueuedWork:
+    """Prompt tokens this gateway has a worker computing: counted from `DisaggCosts.enqueue` until
+    `done` (idempotent), so every way out of a call ends the count once."""
+
+    def __init__(self, queued_tokens: Counter, address: str, num_tokens: int) -> None:
+        self._queued_tokens, self._address, self._num_tokens = queued_tokens, address, num_tokens
+        self.queued_before = queued_tokens[address]   # tokens ahead of these when they were queued
+        queued_tokens[address] += num_tokens
+        self.pending = True
+
+    def done(self) -> None:
+        if self.pending:
+            self.pending = False
+            self._queued_tokens[self._address] -= self._num_tokens
+
+
 class DisaggCosts:
     """What the gateway has measured, and the work it has queued on each worker (by address)."""
 
-    def __init__(self, initial_tokens_per_s: float, initial_handoff_s: float) -> None:
-        self.prefill_tokens_per_s = Ewma(initial_tokens_per_s)
-        self.local_tokens_per_s = Ewma(initial_tokens_per_s)
+    def __init__(self, initial_handoff_s: float) -> None:
         self.handoff_s = Ewma(initial_handoff_s)
         self.queued_tokens: Counter[str] = Counter()   # worker address: prompt tokens it is computing for us
 
-    def observe_prefill(self, num_computed_tokens: int, seconds: float, queued_before: int) -> None:
-        """A remote prefill's RPC time; only one that found its worker's queue empty measures the rate."""
-        if queued_before == 0 and num_computed_tokens > 0 and seconds > 0:
-            self.prefill_tokens_per_s.observe(num_computed_tokens / seconds)
-
-    def observe_local(self, num_tokens: int, ttft_s: float, queued_before: int) -> None:
-        if queued_before == 0 and num_tokens > 0 and ttft_s > 0:
-            self.local_tokens_per_s.observe(num_tokens / ttft_s)
+    def enqueue(self, address: str, num_tokens: int) -> QueuedWork:
+        """`num_tokens` of prompt now being computed on `address` for this gateway, until done()."""
+        return QueuedWork(self.queued_tokens, address, num_tokens)
 
     def observe_handoff(self, seconds: float) -> None:
         if seconds > 0:
@@ -90,37 +108,50 @@ class DisaggCosts:
 
 class DisaggPolicy:
     def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float,
-                 seen: SeenPrefixes | None = None) -> None:
+                 seen: SeenPrefixes | None = None, ttft_slo_s: float = 2.5) -> None:
         self.name = name
         self.costs = costs
         self.seen = seen or SeenPrefixes()
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
+        self.ttft_slo_s = ttft_slo_s
 
-    def decide(self, prompt_token_ids: Sequence[int], prefill_address: str, decode_address: str,
-               decode_busy: bool, cache_salt: str = "") -> Decision:
-        """Where this request's prompt is computed; remembers which workers now hold it (under its salt)."""
-        if self.name != "conditional":
-            decision = Decision(local=self.name == "local", reason="policy")
-        else:
-            hashes = prefix_hashes(prompt_token_ids, self.seen.block_tokens, cache_salt)
-            num_tokens = len(prompt_token_ids)
-            decision = self._decide(num_tokens, prefill_address, decode_address, decode_busy,
-                                    self.seen.cached_tokens(prefill_address, hashes, num_tokens),
-                                    self.seen.cached_tokens(decode_address, hashes, num_tokens))
-            self.seen.record(decode_address, hashes)       # computed there, or pulled there
-            if not decision.local:
-                self.seen.record(prefill_address, hashes)
+    @property
+    def adaptive(self) -> bool:
+        """Placement weighs every worker and pair (gateway/placement.py), not one pair routing chose."""
+        return self.name == "adaptive"
+
+    def count(self, decision: Decision) -> Decision:
         self.decisions[(decision.local, decision.reason)] += 1
         return decision
 
-    def _decide(self, num_prompt_tokens: int, prefill_address: str, decode_address: str, decode_busy: bool,
+    def decide(self, prompt: PromptNames, prefill: RatedWorker, decode: RatedWorker, decode_busy: bool) -> Decision:
+        """Where this request's prompt is computed; remembers which workers now hold it (under its salt)."""
+        if decode is prefill:   # a worker taking both roles with no other to pair with: it serves whole
+            decision = Decision(local=True, reason="one_worker")
+        elif self.name != "conditional":
+            decision = Decision(local=self.name == "local", reason="policy")
+        else:
+            compat = prefill.info.compat   # decode's reads it (WorkerPool.compatible_with)
+            names, block_size, num_tokens = prompt.of(compat), compat.block_size, len(prompt)
+            decision = self._decide(num_tokens, prefill, decode, decode_busy,
+                                    self.seen.cached_tokens(prefill.address, names, block_size, num_tokens),
+                                    self.seen.cached_tokens(decode.address, names, block_size, num_tokens))
+            self.seen.record(decode.address, names, block_size)       # computed there, or pulled there
+            if not decision.local:
+                self.seen.record(prefill.address, names, block_size)
+        self.decisions[(decision.local, decision.reason)] += 1
+        return decision
+
+    def _decide(self, num_prompt_tokens: int, prefill: RatedWorker, decode: RatedWorker, decode_busy: bool,
                 prefill_cached: int, decode_cached: int) -> Decision:
-        costs = self.costs
-        remote_s = ((costs.queued_tokens[prefill_address] + num_prompt_tokens - prefill_cached)
-                    / costs.prefill_tokens_per_s.value + costs.handoff_s.value)
-        local_rate = costs.local_tokens_per_s.value
-        local_s = (costs.queued_tokens[decode_address] + num_prompt_tokens - decode_cached) / local_rate
+        costs, local_rate = self.costs, decode.prefill_tokens_per_s
+        if prefill.prefill_tokens_per_s <= 0 or local_rate <= 0:
+            return Decision(False, "unmeasured", prefill_cached_tokens=prefill_cached,
+                            decode_cached_tokens=decode_cached)
+        remote_s = ((costs.queued_tokens[prefill.address] + num_prompt_tokens - prefill_cached)
+                    / prefill.prefill_tokens_per_s + costs.handoff_s.value)
+        local_s = (costs.queued_tokens[decode.address] + num_prompt_tokens - decode_cached) / local_rate
         stall_s = (num_prompt_tokens - decode_cached) / local_rate
         measured = dict(remote_s=remote_s, local_s=local_s, stall_s=stall_s, prefill_cached_tokens=prefill_cached,
                         decode_cached_tokens=decode_cached)

@@ -42,8 +42,8 @@ class MeshGenerator:
         self._settings = settings
         self._metrics = metrics
         self.disagg = DisaggPolicy(settings.disagg_policy,
-                                   DisaggCosts(settings.disagg_initial_tokens_per_s, settings.disagg_initial_handoff_s),
-                                   settings.max_local_stall_s)
+                                   DisaggCosts(settings.disagg_initial_handoff_s),
+                                   settings.max_local_stall_s, ttft_slo_s=settings.ttft_slo_s)
         self.admission = Admission(settings.max_in_flight, settings.max_in_flight_per_tenant)
         self._salts = CacheSalts(salt_key(settings.salt_secret, settings.mesh_token))
 

@@ -25,6 +25,7 @@ from pdmesh.tls import open_channel
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 CLOSE_GRACE_S = 30.0  # a removed worker's channel waits this long for its calls to end
+BOTH = "both"         # a worker's role when it takes either per request
 
 
 @dataclass
@@ -38,6 +39,13 @@ class Worker:
     in_flight: int = 0                   # this gateway's calls on it now
     down_until: float = 0.0              # skipped until then (monotonic) after a connection failure
     probe: asyncio.Task | None = None    # asking a worker cooling down whether it is back, shared by waiters
+    # Its engine's prompt rate (tokens/s) as it last published it, in an answer or its registry
+    # record (worker/compute_rate.py: the one estimator); 0: not known yet.
+    prefill_tokens_per_s: float = 0.0
+
+    def published_rate(self, tokens_per_s: float) -> None:
+        if tokens_per_s > 0:
+            self.prefill_tokens_per_s = tokens_per_s
 
     def queue(self) -> int:
         """Requests on it: this gateway's, or what it last reported if more (other gateways' too)."""
@@ -48,7 +56,9 @@ class Worker:
 class WorkerPool:
     def __init__(self, prefill_addresses: list[str], decode_addresses: list[str], tls: TlsSettings | None = None,
                  info_timeout_s: float = 5.0, cooldown_s: float = 5.0, wait_s: float = 0.0,
-                 registry: RegistryWatcher | None = None, mesh_token: str | None = None) -> None:
+                 registry: RegistryWatcher | None = None, mesh_token: str | None = None,
+                 both_addresses: Iterable[str] = ()) -> None:
+        """both_addresses: workers taking either role per request (python -m node)."""
         self._tls = tls or TlsSettings()
         self._mesh_token = mesh_token   # every call to a worker carries it
         self._registry = registry
@@ -57,12 +67,13 @@ class WorkerPool:
         self._wait_s = wait_s   # how long a request waits for a worker of a role when none is up
         self._workers: dict[str, Worker] = {}
         self._background = BackgroundTasks()
-        for role, addresses in (("prefill", prefill_addresses), ("decode", decode_addresses)):
+        for role, addresses in (("prefill", prefill_addresses), ("decode", decode_addresses), (BOTH, both_addresses)):
             for address in addresses:
                 self._workers[address] = self._open(address, role, static=True)
 
     def workers(self, role: str) -> list[Worker]:
-        return [w for w in self._workers.values() if w.role == role]
+        """The workers that can take `role` ("prefill" or "decode"): its own, and those taking both."""
+        return [w for w in self._workers.values() if w.role in (role, BOTH)]
 
     def sync_registry(self, records: Iterable[WorkerRecord]) -> None:
         """Adds workers that joined, refreshes the load of known ones, drops those that left."""
@@ -73,6 +84,7 @@ class WorkerPool:
             if worker is None:
                 worker = self._workers[record.address] = self._open(record.address, record.role)
             worker.record = record
+            worker.published_rate(record.prefill_tokens_per_s)
         for address in [a for a, w in self._workers.items() if not w.static and a not in seen]:
             self._background.spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
 

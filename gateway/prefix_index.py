@@ -6,11 +6,10 @@ its prefix invisible to another tenant's routing too); this keeps one index per 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
+from gateway.prompt_names import PromptNames
 from kvstore.prompt_holders import prompt_holders
 from kvstore.redis_index import RedisBlockIndex
-from pdmesh.compat import fingerprint_seed
 from pdmesh.v1 import common_pb2
 
 
@@ -24,14 +23,13 @@ class PrefixIndex:
         self._timeout_s = timeout_s
         self._indexes: dict[str, RedisBlockIndex] = {}   # model fingerprint: its index
 
-    async def holders(self, compat: common_pb2.CompatInfo, prompt_token_ids: Sequence[int],
-                      cache_salt: str) -> list[str]:
+    async def holders(self, compat: common_pb2.CompatInfo, prompt: PromptNames) -> list[str]:
         """The node holding each block of the longest indexed prefix (one Redis round trip;
         [] when Redis cannot answer: routing then ignores the cache)."""
-        if len(prompt_token_ids) < compat.block_size:
+        names = prompt.of(compat)
+        if not names:
             return []
-        return await asyncio.to_thread(prompt_holders, self._index(compat), fingerprint_seed(compat),
-                                       prompt_token_ids, compat.block_size, cache_salt)
+        return await asyncio.to_thread(prompt_holders, self._index(compat), names)
 
     @property
     def num_rejected(self) -> int:

@@ -11,9 +11,10 @@ that spans the resume point is not seen.
 Whatever ends an attempt other than a finished decode (failure, cancel, deadline) releases the
 prefill's pinned blocks, so a cancelled request never waits for the hold timeout.
 
-Each attempt first asks the disaggregation policy (gateway/disagg.py) whether to prefill remotely
-or let the chosen decode worker compute the prompt itself; the attempt reports what it observed
-(prefill time, handoff, local TTFT) back into the policy's measured costs.
+Each attempt is placed first: the routing policy's pair and the disaggregation policy's local or
+remote (gateway/disagg.py), or, adaptive, every worker and pair weighed (gateway/placement.py). It
+counts the prompt tokens it has each worker computing, reports the handoff it saw, and keeps the
+prompt rate each worker publishes in its answers: the placement's inputs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import grpc
 from gateway.disagg import Decision, DisaggPolicy
 from gateway.layerwise_flow import layerwise_handle, until_prefill_fails
 from gateway.pool import Worker, WorkerPool
+from gateway.placement import place
+from gateway.prompt_names import PromptNames
 from gateway.routing import RoutePolicy
 from pdmesh import errors
 from pdmesh.status_map import error_from_rpc_error
@@ -46,6 +49,16 @@ LAYERWISE_PREFILL_GRACE_S = 1.0  # layer-wise: the last message waits this long 
 RETRYABLE = (errors.WorkerFailed, errors.TransferNotFound, errors.ChecksumMismatch, errors.BlockHashMismatch)
 RETRYABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
                    grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+
+
+# The final answer's TransferStats: its fields from decode's last message, and from the run's state.
+TRANSFER_FROM_CHUNK = {"num_blocks": "kv_blocks_received", "num_bytes": "kv_bytes_received", "seconds": "kv_seconds",
+                       "first_block_seconds": "kv_first_block_seconds", "num_cached_tokens": "num_cached_tokens",
+                       "layerwise": "kv_layerwise", "seconds_before_prefill_done": "kv_seconds_before_prefill_done",
+                       "seconds_after_prefill_done": "kv_seconds_after_prefill_done",
+                       "overlap_ratio": "kv_overlap_ratio"}
+TRANSFER_FROM_STATE = ("prefill_computed_tokens", "prefill_cached_tokens", "num_failovers", "resumed_at_token",
+                       "prefill_seconds", "handoff_seconds")
 
 
 class _Retry(Exception):
@@ -132,25 +145,14 @@ class RequestRun:
         response.usage.cached_prompt_tokens = (state.first_prefill.num_cached_tokens if state.first_prefill
                                                else chunk.num_cached_tokens)
         transfer = response.transfer
-        transfer.prefill_computed_tokens = state.prefill_computed_tokens
-        transfer.prefill_cached_tokens = state.prefill_cached_tokens
+        for name, chunk_field in TRANSFER_FROM_CHUNK.items():   # what decode's KV read did
+            setattr(transfer, name, getattr(chunk, chunk_field))
+        for name in TRANSFER_FROM_STATE:                        # what the run saw, across attempts
+            setattr(transfer, name, getattr(state, name))
         transfer.prefill_store_tokens.update(state.prefill_store_tokens)
-        transfer.num_blocks = chunk.kv_blocks_received
-        transfer.num_bytes = chunk.kv_bytes_received
-        transfer.seconds = chunk.kv_seconds
-        transfer.first_block_seconds = chunk.kv_first_block_seconds
-        transfer.num_cached_tokens = chunk.num_cached_tokens
         transfer.prefill_worker = state.prefill.address if state.prefill else ""
         transfer.decode_worker = state.decode.address if state.decode else ""
-        transfer.num_failovers = state.num_failovers
-        transfer.resumed_at_token = state.resumed_at_token
         transfer.local_prefill = bool(state.decision and state.decision.local)
-        transfer.layerwise = chunk.kv_layerwise
-        transfer.seconds_before_prefill_done = chunk.kv_seconds_before_prefill_done
-        transfer.seconds_after_prefill_done = chunk.kv_seconds_after_prefill_done
-        transfer.overlap_ratio = chunk.kv_overlap_ratio
-        transfer.prefill_seconds = state.prefill_seconds
-        transfer.handoff_seconds = state.handoff_seconds
         return response
 
     async def _chunks(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
@@ -180,46 +182,52 @@ class RequestRun:
         if num_left <= 0:  # the stream broke after the last token, before its finish
             yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
             return
-        prefill = state.prefill = await self._pick_prefill(prompt)
-        state.decode = None
-        state.prefill_seconds = state.handoff_seconds = 0.0   # the figures are the latest attempt's
-        candidates = await self._pool.candidates("decode", self._excluded)
-        if prefill.info is None:   # another request's failed call marked it down while this one waited
-            self._excluded.add(prefill.address)
-            raise _Retry(errors.WorkerFailed(f"prefill worker {prefill.address} went down"))
-        # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
-        decodes = self._pool.compatible_with(prefill, candidates)
-        decode = self._policy.pick_decode(decodes, len(prompt) + num_left)
-        state.decision = self._disagg.decide(prompt, prefill.address, decode.address,
-                                             decode_busy=decode.queue() > 0, cache_salt=self.request.cache_salt)
+        names = PromptNames(prompt, self.request.cache_salt)   # hashed once, for routing and the policy
+        state.decode, state.prefill_seconds, state.handoff_seconds = None, 0.0, 0.0   # the latest attempt's
+        placed = (place(self._pool, self._disagg, names, self._excluded) if self._disagg.adaptive
+                  else self._route(names, len(prompt) + num_left))
+        prefill, decode, state.decision = await placed
+        state.prefill = None if state.decision.local else prefill
         if state.decision.local:
-            state.prefill = None
-            async for chunk in self._local_chunks(decode, prompt):
+            chunks = self._local_chunks(decode, prompt)
+        elif self._layerwise:
+            chunks = self._layerwise_chunks(prefill, decode, prompt)
+        else:
+            chunks = self._pull_chunks(prefill, decode, prompt, num_left)
+        async with aclosing(chunks):
+            async for chunk in chunks:
                 state.generated += chunk.token_ids
                 yield chunk
-            return
-        if self._layerwise:
-            async for chunk in self._layerwise_chunks(prefill, decode, prompt):
-                state.generated += chunk.token_ids
-                yield chunk
-            return
+
+    async def _pull_chunks(self, prefill: Worker, decode: Worker, prompt: list[int],
+                           num_left: int) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """Prefill, then decode reading its KV. An attempt that ends before decode's last message
+        releases the prefill's blocks: decode may never have read them."""
         prefilled = await self._prefill(prefill, prompt)
-        state.record_prefill(prefilled)
+        self.state.record_prefill(prefilled)
         finished = False
         try:
             async for chunk in self._decode_chunks(decode, prompt, num_left, prefilled):
-                state.generated += chunk.token_ids
                 finished = finished or bool(chunk.finish_reason)
                 yield chunk
         finally:
             if not finished:
                 logger.info("request %s: attempt ended early, releasing transfer %s", self.request.request_id,
                             prefilled.kv.transfer_id)
-                self._pool.release_kv_soon(prefill, prefilled.kv)   # decode may never have pulled it
+                self._pool.release_kv_soon(prefill, prefilled.kv)
 
-    async def _pick_prefill(self, prompt: list[int]) -> Worker:
-        workers = await self._pool.candidates("prefill", self._excluded)
-        return await self._policy.pick_prefill(workers, prompt, self.request.cache_salt)
+    async def _route(self, names: PromptNames, num_tokens: int) -> tuple[Worker, Worker, Decision]:
+        """The routing policy's prefill, then its decode among the others, then local or remote."""
+        prefill = await self._policy.pick_prefill(await self._pool.candidates("prefill", self._excluded), names)
+        candidates = await self._pool.candidates("decode", self._excluded)
+        if prefill.info is None:   # another request's failed call marked it down while this one waited
+            self._excluded.add(prefill.address)
+            raise _Retry(errors.WorkerFailed(f"prefill worker {prefill.address} went down"))
+        # Pairing is checked before the prefill runs: an incompatible pair costs no compute.
+        decodes = self._pool.compatible_with(prefill, candidates)
+        others = [d for d in decodes if d is not prefill]   # a worker taking both roles pairs with another
+        decode = self._policy.pick_decode(others or decodes, num_tokens)
+        return prefill, decode, self._disagg.decide(names, prefill, decode, decode_busy=decode.queue() > 0)
 
     async def _prefill(self, prefill: Worker, prompt: list[int],
                        layerwise_transfer_id: str = "") -> worker_pb2.PrefillResponse:
@@ -228,10 +236,8 @@ class RequestRun:
         request = worker_pb2.PrefillRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
                                             sampling=sampling, cache_salt=self.request.cache_salt,
                                             layerwise_transfer_id=layerwise_transfer_id)
-        costs = self._disagg.costs
-        num_to_compute = len(prompt) - self.state.decision.prefill_cached_tokens  # as the policy estimated
-        queued_before = costs.queued_tokens[prefill.address]
-        costs.queued_tokens[prefill.address] += num_to_compute
+        queued = self._disagg.costs.enqueue(prefill.address,
+                                            len(prompt) - self.state.decision.prefill_cached_tokens)  # as estimated
         started = time.monotonic()
         with self._pool.busy(prefill), client_span(PREFILL_METHOD) as metadata:
             call = worker_pb2_grpc.PrefillStub(prefill.channel).Prefill(request, timeout=self._time_left(),
@@ -242,33 +248,27 @@ class RequestRun:
                 raise self._failure(exc, prefill) from exc
             finally:
                 call.cancel()  # no-op once done; a cancelled request aborts the prefill
-                costs.queued_tokens[prefill.address] -= num_to_compute
+                queued.done()
         self._prefilled_at = time.monotonic()
         self.state.prefill_seconds = self._prefilled_at - started
-        costs.observe_prefill(response.num_computed_tokens, self.state.prefill_seconds, queued_before)
+        prefill.published_rate(response.prefill_tokens_per_s)
         return response
 
     async def _local_chunks(self, decode: Worker, prompt: list[int]) -> AsyncIterator[worker_pb2.DecodeResponse]:
-        """Decode computes the prompt itself (no KV handle): the colocated path, measured as it goes."""
+        """Decode computes the prompt itself (no KV handle): the colocated path."""
         self.state.decode = decode
-        costs = self._disagg.costs
         num_to_compute = len(prompt) - self.state.decision.decode_cached_tokens  # as the policy estimated
-        queued_before = costs.queued_tokens[decode.address]
-        costs.queued_tokens[decode.address] += num_to_compute
-        started, queued = time.monotonic(), True
+        queued = self._disagg.costs.enqueue(decode.address, num_to_compute)
         request = worker_pb2.DecodeRequest(request_id=self._attempt_id(), prompt_token_ids=prompt,
                                            sampling=self._sampling(len(prompt) - len(self.request.prompt_token_ids)),
                                            cache_salt=self.request.cache_salt)
         try:
             async for chunk in self._decode_call(decode, request):
-                if queued and chunk.token_ids:
-                    queued = False
-                    costs.queued_tokens[decode.address] -= num_to_compute
-                    costs.observe_local(num_to_compute, time.monotonic() - started, queued_before)
+                if chunk.token_ids:   # the prompt is computed: the first token is out
+                    queued.done()
                 yield chunk
         finally:
-            if queued:
-                costs.queued_tokens[decode.address] -= num_to_compute
+            queued.done()
 
     async def _decode_chunks(self, decode: Worker, prompt: list[int], num_left: int,
                              prefilled: worker_pb2.PrefillResponse) -> AsyncIterator[worker_pb2.DecodeResponse]:
@@ -354,6 +354,7 @@ class RequestRun:
                                                                      metadata=metadata)
             try:
                 async for chunk in call:
+                    decode.published_rate(chunk.prefill_tokens_per_s)   # its last message has it
                     yield chunk
             except grpc.aio.AioRpcError as exc:
                 raise self._failure(exc, decode) from exc

@@ -19,11 +19,11 @@ blocks cannot hold the request is taken only when no other can.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.pool import Worker
 from gateway.prefix_index import PrefixIndex
+from gateway.prompt_names import PromptNames
 
 REMOTE_FETCH_COST = 0.2
 
@@ -31,7 +31,7 @@ REMOTE_FETCH_COST = 0.2
 class RoutePolicy(Protocol):
     name: str
 
-    async def pick_prefill(self, workers: list[Worker], prompt_token_ids: Sequence[int], cache_salt: str) -> Worker:
+    async def pick_prefill(self, workers: list[Worker], prompt: PromptNames) -> Worker:
         ...
 
     def pick_decode(self, workers: list[Worker], num_tokens: int) -> Worker:
@@ -44,7 +44,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turns = {"prefill": itertools.count(), "decode": itertools.count()}
 
-    async def pick_prefill(self, workers: list[Worker], prompt_token_ids: Sequence[int], cache_salt: str) -> Worker:
+    async def pick_prefill(self, workers: list[Worker], prompt: PromptNames) -> Worker:
         return self._next(workers, "prefill")
 
     def pick_decode(self, workers: list[Worker], num_tokens: int) -> Worker:
@@ -69,7 +69,7 @@ def decode_cost(worker: Worker, num_tokens: int) -> tuple[bool, float]:
 class LeastLoaded(RoundRobin):
     name = "least_loaded"
 
-    async def pick_prefill(self, workers: list[Worker], prompt_token_ids: Sequence[int], cache_salt: str) -> Worker:
+    async def pick_prefill(self, workers: list[Worker], prompt: PromptNames) -> Worker:
         return self._cheapest(workers, "prefill", lambda w: w.queue())
 
     def pick_decode(self, workers: list[Worker], num_tokens: int) -> Worker:
@@ -90,9 +90,9 @@ class PrefixAware(LeastLoaded):
         self._index = index
         self._load_tokens = load_tokens
 
-    async def pick_prefill(self, workers: list[Worker], prompt_token_ids: Sequence[int], cache_salt: str) -> Worker:
-        holders = await self._holders(workers[0], prompt_token_ids, cache_salt)
-        return self._cheapest(workers, "prefill", lambda w: self.prefill_cost(w, len(prompt_token_ids), holders))
+    async def pick_prefill(self, workers: list[Worker], prompt: PromptNames) -> Worker:
+        holders = await self._holders(workers[0], prompt)
+        return self._cheapest(workers, "prefill", lambda w: self.prefill_cost(w, len(prompt), holders))
 
     def prefill_cost(self, worker: Worker, num_tokens: int, holders: list[str]) -> float:
         block_size = worker.info.compat.block_size
@@ -101,10 +101,10 @@ class PrefixAware(LeastLoaded):
         uncached_tokens = num_tokens - len(holders) * block_size
         return uncached_tokens + REMOTE_FETCH_COST * remote_tokens + self._load_tokens * worker.queue()
 
-    async def _holders(self, worker: Worker, prompt_token_ids: Sequence[int], cache_salt: str) -> list[str]:
+    async def _holders(self, worker: Worker, prompt: PromptNames) -> list[str]:
         if self._index is None:
             return []
-        return await self._index.holders(worker.info.compat, prompt_token_ids, cache_salt)
+        return await self._index.holders(worker.info.compat, prompt)
 
 
 def make_policy(name: str, index: PrefixIndex | None, load_tokens: int) -> RoutePolicy:

@@ -4,16 +4,14 @@ a prompt by its effective length (prompt minus the cached prefix), like Dynamo's
 SGLang's cache-aware router (an approximate tree per worker, fed by routing decisions, not by the
 engines).
 
-Per worker, an LRU of chained block hashes (block i's hash covers tokens 0 .. i·B + B), at most
-`capacity_tokens` worth; the oldest blocks go first, as an engine's free-block queue evicts them.
-The granularity `block_tokens` need not be the engines' block size: the estimate is off by less
-than a block. Being an estimate, it can be wrong both ways (an engine evicted sooner than the
-LRU did; another gateway filled the cache): a wrong guess costs time, never correctness.
-
-The chain starts from the request's cache salt, as the engines' block hashes do: a prefix one
-tenant sent is not seen for another, whose engine cache would not hold it either. Unsalted, the
-decision it feeds (`transfer.local_prefill` in the answer) told any client whether some other
-tenant had lately sent the prompt.
+Per worker, an LRU of the blocks' names (gateway/prompt_names.py: the names the engines give them,
+at their block size, salted with the request's cache salt as theirs are), at most `capacity_tokens`
+worth; the oldest blocks go first, as an engine's free-block queue evicts them. Being an estimate,
+it can be wrong both ways (an engine evicted sooner than the LRU did; another gateway filled the
+cache): a wrong guess costs time, never correctness. Salted, a prefix one tenant sent is not seen for
+another, whose engine cache would not hold it either; unsalted, the decision it feeds
+(`transfer.local_prefill` in the answer) told any client whether some other tenant had lately sent
+the prompt.
 """
 
 from __future__ import annotations
@@ -22,36 +20,26 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
-def prefix_hashes(token_ids: Sequence[int], block_tokens: int, cache_salt: str = "") -> list[int]:
-    """Chained hashes of the prompt's full blocks, the first chained from the salt."""
-    hashes, parent = [], hash(cache_salt)
-    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
-        parent = hash((parent, tuple(token_ids[start:start + block_tokens])))
-        hashes.append(parent)
-    return hashes
-
-
 class SeenPrefixes:
-    def __init__(self, block_tokens: int = 32, capacity_tokens: int = 1 << 18) -> None:
-        self.block_tokens = block_tokens
-        self._capacity_blocks = max(1, capacity_tokens // block_tokens)
-        self._blocks: dict[str, OrderedDict[int, None]] = {}
+    def __init__(self, capacity_tokens: int = 1 << 18) -> None:
+        self._capacity_tokens = capacity_tokens
+        self._blocks: dict[str, OrderedDict[bytes, None]] = {}
 
-    def cached_tokens(self, address: str, hashes: Sequence[int], num_prompt_tokens: int) -> int:
+    def cached_tokens(self, address: str, names: Sequence[bytes], block_size: int, num_prompt_tokens: int) -> int:
         """Leading prompt tokens `address` likely holds (never the last one: an engine computes it)."""
         seen = self._blocks.get(address)
         num_blocks = 0
         if seen:
-            for block_hash in hashes:
-                if block_hash not in seen:
+            for name in names:
+                if name not in seen:
                     break
                 num_blocks += 1
-        return min(num_blocks * self.block_tokens, max(0, num_prompt_tokens - 1))
+        return min(num_blocks * block_size, max(0, num_prompt_tokens - 1))
 
-    def record(self, address: str, hashes: Sequence[int]) -> None:
+    def record(self, address: str, names: Sequence[bytes], block_size: int) -> None:
         seen = self._blocks.setdefault(address, OrderedDict())
-        for block_hash in hashes:
-            seen[block_hash] = None
-            seen.move_to_end(block_hash)
-        while len(seen) > self._capacity_blocks:
+        for name in names:
+            seen[name] = None
+            seen.move_to_end(name)
+        while len(seen) > max(1, self._capacity_tokens // block_size):
             seen.popitem(last=False)

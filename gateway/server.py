@@ -32,6 +32,7 @@ class Gateway:
         self.registry = (RegistryWatcher(settings.registry, settings.mesh_token)
                          if settings.registry.redis_url else None)
         self.pool = WorkerPool(settings.prefill_workers, settings.decode_workers, settings.worker_tls,
+                               both_addresses=settings.workers,
                                cooldown_s=settings.worker_cooldown_s, wait_s=settings.worker_wait_s,
                                registry=self.registry, mesh_token=settings.mesh_token)
         self._index = (PrefixIndex(settings.kv_index_redis_url, settings.kv_index_redis_password,

@@ -4,7 +4,7 @@ A block is named by its chained content hash (`block_hash.hash_block`); a hit al
 the parent hash and the block's own token ids with the ones stored beside it, so two
 prefixes can only share a block if they really hold the same tokens after the same parent.
 The cache salt is in the name only: two tenants' equal prompts are kept apart by their names
-alone, SHA-256 so that no crafted prompt shares one (kvstore/block_hash.py).
+alone, SHA-256 so that no crafted prompt shares one (pdmesh/kv/block_hash.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.block_hash import ROOT_PARENT, chain_block_hashes
+from pdmesh.kv.block_hash import ROOT_PARENT, chain_block_hashes
 
 
 @dataclass(frozen=True)

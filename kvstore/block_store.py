@@ -12,9 +12,10 @@ together. Memory tiers are written under the lock (a memcpy); a slow tier (disk)
 after the lock is released: its blocks are pinned meanwhile and read from the rows in hand, so
 no lookup, put or read ever waits on an fsync.
 
-Integrity: each block's xxh3-64 is kept beside it and checked on every read; a block that fails
-is dropped and counted, and the read is a miss. A block being read or written is pinned and never
-moved or freed under its reader. Out of space (every slot pinned) is a `False`, not an exception.
+Integrity: each block's checksum (pdmesh/kv/checksum.py) is kept beside it and checked on every
+read; a block that fails is dropped and counted, and the read is a miss. A block being read or
+written is pinned and never moved or freed under its reader. Out of space (every slot pinned) is
+a `False`, not an exception.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 
 import numpy as np
@@ -31,7 +32,8 @@ import numpy as np
 from kvstore.block_key import BlockKey
 from kvstore.store_events import BlockDropped, BlockPlaced, StoreEvent, StoreListener
 from kvstore.tier import BlockTier, Payload
-from pdmesh.transport.checksum import block_checksum
+from kvstore.tier_io import SlowWrite, Work, as_rows, read_placed
+from pdmesh.kv.checksum import block_checksum
 
 logger = logging.getLogger(__name__)
 
@@ -46,29 +48,15 @@ class _Entry:
     pending: np.ndarray | None = None  # its payload while a slow tier writes it (pinned meanwhile)
 
 
-@dataclass
-class _SlowWrite:
-    """Blocks placed in a slow tier under the lock, to be written once it is released."""
-
-    tier: int
-    entries: list[_Entry]
-    rows: np.ndarray
-
-
-@dataclass
-class _Work:
-    """What one call changed under the lock, handled after it is released."""
-
-    events: list[StoreEvent] = field(default_factory=list)
-    slow_writes: list[_SlowWrite] = field(default_factory=list)
-
-
 class TieredBlockStore:
-    def __init__(self, tiers: Sequence[BlockTier], block_nbytes: int, listener: StoreListener | None = None) -> None:
+    def __init__(self, tiers: Sequence[BlockTier], block_nbytes: int, listener: StoreListener | None = None,
+                 piece_nbytes: Sequence[int] | None = None) -> None:
+        """piece_nbytes: the blocks' pieces, which their checksums cover (None: one piece)."""
         if not tiers:
             raise ValueError("a block store needs at least one tier")
         self._tiers = list(tiers)
         self.block_nbytes = block_nbytes
+        self._piece_nbytes = piece_nbytes
         self._listener = listener
         self._lock = threading.Lock()
         self._entries: dict[bytes, _Entry] = {}
@@ -143,15 +131,15 @@ class TieredBlockStore:
     # ---- writes ----
     def put(self, key: BlockKey, payload: Payload) -> bool:
         """Stores a block in the first tier (True), or keeps the copy it has; False when out of space."""
-        return self.put_many([key], _as_rows([payload], self.block_nbytes)) == 1
+        return self.put_many([key], as_rows([payload], self.block_nbytes)) == 1
 
     def put_many(self, keys: Sequence[BlockKey], rows: np.ndarray) -> int:
         """Stores row i of `rows` ((n, block_nbytes) uint8) under keys[i] in the first tier, keeping
         the copies it has. Returns how many leading keys it holds now: it stops at a hash collision
         or when out of space (every slot pinned)."""
-        rows = _as_rows(rows, self.block_nbytes)
-        checksums = [block_checksum(row) for row in rows]
-        work = _Work()
+        rows = as_rows(rows, self.block_nbytes)
+        checksums = [block_checksum(row, self._piece_nbytes) for row in rows]
+        work = Work()
         with self._lock:
             num_held, new = len(keys), []
             for i, key in enumerate(keys):
@@ -193,10 +181,11 @@ class TieredBlockStore:
                 entries.append(entry)
             placed = [(entry.tier, entry.handle, entry.pending) for entry in entries]
         rows = np.empty((len(entries), self.block_nbytes), dtype=np.uint8) if out is None else out[:len(entries)]
-        readable = self._read_into(placed, rows)
-        intact = [ok and block_checksum(row) == entry.checksum for ok, row, entry in zip(readable, rows, entries)]
+        readable = read_placed(self._tiers, placed, rows)
+        intact = [ok and block_checksum(row, self._piece_nbytes) == entry.checksum
+                  for ok, row, entry in zip(readable, rows, entries)]
         num_good = intact.index(False) if False in intact else len(entries)
-        work = _Work()
+        work = Work()
         with self._lock:
             for entry in entries:
                 entry.num_readers -= 1
@@ -218,7 +207,7 @@ class TieredBlockStore:
         """Moves every unpinned block above `to_tier` down into it (operators: drain before a
         restart; tests: force blocks onto NVMe). Returns how many moved."""
         target = self.tier_names.index(to_tier)
-        work = _Work()
+        work = Work()
         num_moved = 0
         with self._lock:
             for tier in range(target - 1, -1, -1):
@@ -244,7 +233,7 @@ class TieredBlockStore:
                 close()
 
     # ---- internals (lock held) ----
-    def _admit(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> int:
+    def _admit(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: Work) -> int:
         """Places new blocks as if put one by one: a batch larger than the tier puts its oldest
         blocks straight into the tier below. Returns how many leading blocks were placed."""
         overflow = len(entries) - self._tiers[tier].capacity_blocks if tier + 1 < len(self._tiers) else 0
@@ -254,7 +243,7 @@ class TieredBlockStore:
         self._place(tier, entries[overflow:overflow + room], rows[overflow:overflow + room], work)
         return num_below if num_below < overflow else overflow + room
 
-    def _make_room(self, tier: int, num_needed: int, work: _Work) -> int:
+    def _make_room(self, tier: int, num_needed: int, work: Work) -> int:
         """Frees slots in `tier` for up to `num_needed` blocks by moving its least recently used
         unpinned blocks one tier down, together (dropping them from the last tier); returns how
         many it has room for."""
@@ -277,12 +266,12 @@ class TieredBlockStore:
                 self.num_dropped += 1
         return min(num_needed, self._tiers[tier].num_free)
 
-    def _move(self, entries: list[_Entry], to_tier: int, work: _Work) -> None:
+    def _move(self, entries: list[_Entry], to_tier: int, work: Work) -> None:
         """Moves blocks (room made) into `to_tier` with one read per source tier and one write."""
         if not entries:
             return
         rows = np.empty((len(entries), self.block_nbytes), dtype=np.uint8)
-        readable = self._read_into([(e.tier, e.handle, e.pending) for e in entries], rows)
+        readable = read_placed(self._tiers, [(e.tier, e.handle, e.pending) for e in entries], rows)
         for entry in entries:
             self._detach(entry)
         moving = [i for i, ok in enumerate(readable) if ok]
@@ -290,7 +279,7 @@ class TieredBlockStore:
             self._forget(entry, work.events)
         self._place(to_tier, [entries[i] for i in moving], rows[moving], work)
 
-    def _promote(self, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
+    def _promote(self, entries: list[_Entry], rows: np.ndarray, work: Work) -> None:
         """Moves verified hits to the first tier with one write. Their old slots are freed first
         (the payloads are in hand), so the blocks they displace can move down into that room."""
         movers = []
@@ -322,7 +311,7 @@ class TieredBlockStore:
             if entry is not None and entry.key == key and key.block_hash in self._lru[entry.tier]:
                 self._lru[entry.tier].move_to_end(key.block_hash)
 
-    def _place(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: _Work) -> None:
+    def _place(self, tier: int, entries: list[_Entry], rows: np.ndarray, work: Work) -> None:
         """Puts blocks (room made) into `tier`: written now in memory, after the lock on disk."""
         if not entries:
             return
@@ -338,7 +327,7 @@ class TieredBlockStore:
             for entry, row in zip(entries, rows):
                 entry.pending = row
                 entry.num_readers += 1
-            work.slow_writes.append(_SlowWrite(tier, entries, rows))
+            work.slow_writes.append(SlowWrite(tier, entries, rows))
         else:
             self._tiers[tier].write_many(handles, [e.key for e in entries], rows, [e.checksum for e in entries])
 
@@ -366,33 +355,7 @@ class TieredBlockStore:
                 self._lru[index][key.block_hash] = None
 
     # ---- without the lock ----
-    def _read_into(self, placed: list[tuple[int, object, np.ndarray | None]], out: np.ndarray) -> list[bool]:
-        """Reads (tier, handle, pending row) i into out[i], one batched read per tier; False where
-        the medium failed."""
-        readable = [True] * len(placed)
-        by_tier: dict[int, list[int]] = {}
-        for i, (tier, _, pending) in enumerate(placed):
-            if pending is not None:
-                out[i] = pending
-            else:
-                by_tier.setdefault(tier, []).append(i)
-        for tier, positions in by_tier.items():
-            handles = [placed[i][1] for i in positions]
-            contiguous = positions[-1] - positions[0] + 1 == len(positions)
-            dest = out[positions[0]:positions[-1] + 1] if contiguous else np.empty((len(positions), self.block_nbytes),
-                                                                                    dtype=np.uint8)
-            try:
-                self._tiers[tier].read_many(handles, dest)
-            except (OSError, ValueError) as exc:
-                logger.warning("reading %d blocks from %s failed: %s", len(handles), self._tiers[tier].name, exc)
-                for i in positions:
-                    readable[i] = False
-                continue
-            if not contiguous:
-                out[positions] = dest
-        return readable
-
-    def _finish(self, work: _Work) -> None:
+    def _finish(self, work: Work) -> None:
         """Writes the slow tiers' batches, unpins them (dropping what failed to write), then tells
         the listener."""
         for batch in work.slow_writes:
@@ -420,13 +383,3 @@ class TieredBlockStore:
                 self._listener.on_events(events)
             except Exception:  # noqa: BLE001 - the index is a cache; the store stays the truth
                 logger.warning("store listener failed", exc_info=True)
-
-
-def _as_rows(rows, block_nbytes: int) -> np.ndarray:
-    """A (n, block_nbytes) uint8 array over `rows` (an array, or a list of payloads)."""
-    if not isinstance(rows, np.ndarray):
-        rows = np.stack([np.frombuffer(p, dtype=np.uint8) for p in rows]) if rows else np.empty((0, block_nbytes),
-                                                                                                 dtype=np.uint8)
-    if rows.ndim != 2 or rows.shape[1] != block_nbytes or rows.dtype != np.uint8:
-        raise ValueError(f"payload rows of shape {rows.shape} and {rows.dtype}, blocks are {block_nbytes} bytes")
-    return rows

@@ -26,9 +26,11 @@ class GrpcStoreClient:
         self._channels = ChannelCache(auth.tls)
 
     def lookup(self, address: str, token_ids: Sequence[int], extra_key: bytes = b"",
-               include_remote: bool = True, timeout_s: float | None = None) -> list[BlockSource]:
+               include_remote: bool = True, timeout_s: float | None = None,
+               block_hashes: Sequence[bytes] = ()) -> list[BlockSource]:
+        """block_hashes: the names of token_ids' full blocks, when the caller has them (else named there)."""
         request = kv_store_pb2.LookupRequest(compat=self._compat, token_ids=list(token_ids), extra_key=extra_key,
-                                             include_remote=include_remote)
+                                             include_remote=include_remote, block_hashes=list(block_hashes))
         try:
             response = self._stub(address).Lookup(request, timeout=timeout_s or self._timeout_s,
                                                    metadata=self._metadata)

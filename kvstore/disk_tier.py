@@ -40,15 +40,17 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from kvstore.block_hash import HASH_NBYTES
 from kvstore.block_key import BlockKey
 from kvstore.tier import FreeSlots, check_rows, contiguous_runs
 from kvstore.tier_dir import check_own_files, lock_directory, make_private_dir, open_private, remove_own_files, unlock
+from pdmesh.kv.block_hash import HASH_NBYTES
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"PDKV"
-VERSION = 3  # 3: SHA-256 block names; an older journal's blocks are dropped at start, never served
+# 3: SHA-256 block names; 4: blocks' checksums over their pieces (pdmesh/kv/checksum.py). An older
+# journal's blocks are dropped at start, never served.
+VERSION = 4
 _FIXED = struct.Struct(f"<4sH{HASH_NBYTES}s{HASH_NBYTES}sIQQ")  # magic, version, hash, parent, n tokens, size, sum
 _HEADER_SUM = struct.Struct("<Q")
 _RECORD = struct.Struct("<4sBII")  # magic, kind, slot, body size; then the body and its record's xxh3-64

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 
 from kvstore.store_events import StoreEvent, StoreListener

@@ -6,21 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvstore.block_hash import chain_block_hashes
 from kvstore.redis_index import RedisBlockIndex
 
 
-def salt_key(cache_salt: str) -> bytes:
-    """A request's cache salt as the extra key of its blocks' hashes (what the workers hash with)."""
-    return cache_salt.encode()
-
-
-def prompt_holders(index: RedisBlockIndex, seed: bytes, token_ids: Sequence[int], block_size: int,
-                   cache_salt: str) -> list[str]:
-    """The node holding each block of the longest indexed prefix of `token_ids` (one Redis round trip)."""
-    hashes = chain_block_hashes(seed, token_ids, block_size, salt_key(cache_salt))
+def prompt_holders(index: RedisBlockIndex, block_hashes: Sequence[bytes]) -> list[str]:
+    """The node holding each block of the longest indexed prefix of the prompt whose full blocks are
+    named `block_hashes` (pdmesh/kv/block_hash.py), in one Redis round trip."""
     holders = []
-    for entry in index.probe(hashes) if hashes else []:
+    for entry in index.probe(block_hashes) if block_hashes else []:
         if entry is None:
             break
         holders.append(entry.node)

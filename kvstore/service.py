@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
-from kvstore.block_key import BlockKey, block_keys
+from kvstore.block_key import BlockKey, block_keys, keys_of
 from kvstore.block_store import TieredBlockStore
 from kvstore.prefix_lookup import find_prefix
 from kvstore.redis_index import RedisBlockIndex
@@ -35,7 +35,9 @@ class KVStoreServicer(kv_store_pb2_grpc.KVStoreServicer):
                 check_compatible(self._compat, request.compat)
         except PDMeshError as exc:
             _abort(context, exc)
-        keys = block_keys(self._seed, request.token_ids, self._compat.block_size, request.extra_key)
+        block_size = self._compat.block_size
+        keys = (keys_of(list(request.block_hashes), request.token_ids, block_size) if request.block_hashes
+                else block_keys(self._seed, request.token_ids, block_size, request.extra_key))
         sources = find_prefix(self._store, self._index, keys, request.include_remote)
         return kv_store_pb2.LookupResponse(
             blocks=[kv_store_pb2.BlockSource(node=s.node, tier=s.tier) for s in sources])

@@ -24,8 +24,8 @@ from kvstore.block_key import BlockKey
 from kvstore.block_store import TieredBlockStore
 from kvstore.shared_slab import SharedSlab
 from pdmesh.errors import Overloaded
-from pdmesh.transport.held_transfers import HeldTransfer
-from pdmesh.transport.kv_layout import LayerRegion, row_checksums, slab_regions
+from pdmesh.kv.kv_layout import LayerRegion, row_checksums, slab_regions
+from prefill.kv.held_transfers import HeldTransfer
 
 logger = logging.getLogger(__name__)
 ENDED_TTL_S = 300.0  # a released or expired export's id is remembered this long

@@ -24,10 +24,12 @@ def _build_models(args: argparse.Namespace) -> int:
         build_tokenizer(out / "tiny-llama")
         print(f"tiny Llama's tokenizer written to {out / 'tiny-llama'}")
         return 0
-    from pdmesh.models.tiny import build_deepseek_v2, build_llama
+    from pdmesh.models.tiny import build_deepseek_v2, build_llama, build_mid_llama
 
     print(f"tiny Llama written to {build_llama(out / 'tiny-llama')}")
     print(f"tiny DeepSeek-V2 (MoE + MLA) written to {build_deepseek_v2(out / 'tiny-deepseek-v2')}")
+    if args.mid:
+        print(f"a compute-bound Llama (~104 M parameters) written to {build_mid_llama(out / 'mid-llama')}")
     return 0
 
 
@@ -70,17 +72,22 @@ def _up(args: argparse.Namespace) -> int:
 
     model_dir = ensure_llama(Path(args.model))
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pdmesh-"))
-    print(f"starting gateway + {args.prefill} prefill + {args.decode} decode on {model_dir} (logs: {run_dir})",
-          flush=True)
+    static = args.workers == 0
+    shape = f"{args.prefill} prefill + {args.decode} decode" if static else f"{args.workers} workers taking both roles"
+    print(f"starting gateway + {shape} on {model_dir} (logs: {run_dir})", flush=True)
     redis = ["--registry.redis_url", args.redis_url] if args.redis_url else []
     worker_args = [*redis, "--store.redis_url", args.redis_url] if args.redis_url else []
     gateway_args = ["--first_token_from", args.first_token_from, "--http_port", str(args.http_port), *redis,
-                    *(["--kv_index_redis_url", args.redis_url] if args.redis_url else [])]
-    with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill,
-                      num_decode=args.decode, telemetry_args=_telemetry_flags(args), worker_args=worker_args,
+                    *(["--kv_index_redis_url", args.redis_url] if args.redis_url else []),
+                    *([] if static else ["--disagg_policy", "conditional"])]
+    with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill if static else 0,
+                      num_decode=args.decode if static else 0, num_both=args.workers,
+                      telemetry_args=_telemetry_flags(args), worker_args=worker_args,
                       gateway_args=gateway_args, store_dir=run_dir / "kvstore") as cluster:
-        print(f"gateway {cluster.gateway_address} (OpenAI API http://{cluster.http_address}/v1); "
-              f"prefill {cluster.prefill_addresses}; decode {cluster.decode_addresses}", flush=True)
+        workers = (f"prefill {cluster.prefill_addresses}; decode {cluster.decode_addresses}" if static
+                   else f"workers {cluster.both_addresses}")
+        print(f"gateway {cluster.gateway_address} (OpenAI API http://{cluster.http_address}/v1); {workers}",
+              flush=True)
         print("metrics " + ", ".join(f"{name} http://{address}/metrics"
                                      for name, address in cluster.metrics_addresses.items()), flush=True)
         print(f"> {args.prompt}", flush=True)
@@ -110,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
 
     build = sub.add_parser("build-models", help="write the tiny random-weight models and tokenizer")
     build.add_argument("--out", default=str(DEFAULT_MODEL_DIR.parent), help="folder for the model folders")
+    build.add_argument("--mid", action="store_true",
+                       help="also the compute-bound Llama (~104 M parameters, ~400 MB) of the serving benchmark")
     build.add_argument("--tokenizer-only", action="store_true",
                        help="only the tiny Llama's tokenizer files (a gateway's; needs no torch)")
     build.set_defaults(func=_build_models)
@@ -124,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=50051)
     up.add_argument("--prefill", type=int, default=1)
     up.add_argument("--decode", type=int, default=1)
+    up.add_argument("--workers", type=int, default=0,
+                    help="N workers taking either role per request (python -m node), one per core, instead of "
+                         "the static --prefill/--decode split")
     up.add_argument("--prompt", default=DEMO_PROMPT)
     up.add_argument("--max-tokens", type=int, default=32)
     up.add_argument("--run-dir", default=None)

@@ -19,12 +19,18 @@ from pdmesh import engine_debris
 from pdmesh.transport.shm import segments
 
 MESH_TOKEN_ENV = "PDMESH_MESH_TOKEN"   # the token a local cluster's processes share, when set
+BOTH = "both"                          # the role of a worker taking either per request (python -m node)
+MODULES = {"prefill": "prefill", "decode": "decode", BOTH: "node"}   # each role's entry point
+NAMES = {"prefill": "prefill", "decode": "decode", BOTH: "node"}     # its processes' names: prefill-0, node-1
 
 
 def core_of(role: str, index: int, num_cores: int) -> int:
     """Prefill workers share the lower half of the cores, decode workers the upper half: an engine
     spin-waits (OpenMP) on its core, and a decode sharing a core with the prefill it pulls from
-    starves that prefill's KV server (2 cores: every prefill on core 0, every decode on core 1)."""
+    starves that prefill's KV server (2 cores: every prefill on core 0, every decode on core 1).
+    Workers taking both roles take the cores in turn."""
+    if role == BOTH:
+        return index % max(1, num_cores)
     num_prefill_cores = max(1, num_cores // 2)
     if role == "prefill":
         return index % num_prefill_cores
@@ -67,6 +73,7 @@ class LocalCluster:
     gateway_port: int = 0
     num_prefill: int = 1
     num_decode: int = 1
+    num_both: int = 0               # workers taking either role per request (python -m node)
     worker_args: list[str] = field(default_factory=list)   # extra CLI flags for every worker
     prefill_args: list[str] = field(default_factory=list)  # and for prefill workers only (after those)
     args_by_name: dict[str, list[str]] = field(default_factory=dict)  # and for one process ("prefill-0"), last
@@ -83,6 +90,7 @@ class LocalCluster:
     _processes: list[_Process] = field(default_factory=list)
     prefill_addresses: list[str] = field(default_factory=list)
     decode_addresses: list[str] = field(default_factory=list)
+    both_addresses: list[str] = field(default_factory=list)
     prefill_addresses_kv: list[str] = field(default_factory=list)   # their KV-transfer servers
     gateway_address: str = ""
     http_address: str = ""          # the gateway's OpenAI API, when gateway_args has --http_port
@@ -93,11 +101,13 @@ class LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             workers = [self._spawn_worker(role, i) for role, count in (("prefill", self.num_prefill),
-                                                                       ("decode", self.num_decode))
+                                                                       ("decode", self.num_decode),
+                                                                       (BOTH, self.num_both))
                        for i in range(count)]
             ready = [self._wait_ready(p) for p in workers]
             self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
             self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]
+            self.both_addresses = [r["address"] for r in ready if r["role"] == BOTH]
             self.prefill_addresses_kv = [r["kv_address"] for r in ready if r["role"] == "prefill"]
             self.worker_names = {r["address"]: p.name for p, r in zip(workers, ready)}
             gateway = self._spawn_gateway()
@@ -204,14 +214,15 @@ class LocalCluster:
         core = core_of(role, index, os.cpu_count() or 1)
         args = ["--port", "0", "--engine.model", str(self.model_dir),
                 "--engine.omp_threads_bind", str(core), *self.worker_args, *self.telemetry_args]
-        if role == "prefill" and self.store_dir is not None:
-            args += ["--store.nvme_dir", str(self.store_dir / f"{role}-{index}")]
+        name = f"{NAMES[role]}-{index}"
+        if role != "decode" and self.store_dir is not None:
+            args += ["--store.nvme_dir", str(self.store_dir / name)]
         if role == "prefill":
             args += self.prefill_args
         else:  # where its engine's queues busy-poll after each step, they stay off prefill's cores
             args += ["--process_cpus", str(core)]
-        args += self.args_by_name.get(f"{role}-{index}", [])
-        return self._spawn(f"{role}-{index}", [sys.executable, "-m", role, *args],
+        args += self.args_by_name.get(name, [])
+        return self._spawn(name, [sys.executable, "-m", MODULES[role], *args],
                            env={**os.environ, "PDMESH_WORKER_MESH_TOKEN": self.mesh_token})
 
     def _spawn_gateway(self) -> _Process:
@@ -220,7 +231,8 @@ class LocalCluster:
         if self.static_workers:
             dial = self.gateway_dials or (lambda name, address: address)
             args += ["--prefill_workers", json.dumps([dial(self.worker_names[a], a) for a in self.prefill_addresses]),
-                     "--decode_workers", json.dumps([dial(self.worker_names[a], a) for a in self.decode_addresses])]
+                     "--decode_workers", json.dumps([dial(self.worker_names[a], a) for a in self.decode_addresses]),
+                     "--workers", json.dumps([dial(self.worker_names[a], a) for a in self.both_addresses])]
         return self._spawn("gateway", [sys.executable, "-m", "gateway", *args],
                            env={**os.environ, "PDMESH_GATEWAY_MESH_TOKEN": self.mesh_token})
 

@@ -11,9 +11,10 @@ from pdmesh.v1 import common_pb2
 from pdmesh.weights_digest import weights_digest
 
 # Bump when the byte layout of a block on the wire changes, or how blocks are named
-# (kvstore/block_hash.py): the fingerprint seeds every block name and namespaces the Redis index,
-# so engines of two versions neither share names nor pass each other's handshake. 2: SHA-256 names.
-LAYOUT_VERSION = 2
+# (pdmesh/kv/block_hash.py): the fingerprint seeds every block name and namespaces the Redis index,
+# so engines of two versions neither share names nor pass each other's handshake. 2: SHA-256 names;
+# 3: a block's checksum is its pieces' (pdmesh/kv/checksum.py) on the gRPC path too.
+LAYOUT_VERSION = 3
 _SHARED_FIELDS = ("model_fingerprint", "dtype", "block_size", "layout", "num_layers")  # whatever the ranks
 _RANK_FIELDS = ("block_nbytes", "num_kv_heads")  # what each rank holds
 

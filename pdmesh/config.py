@@ -69,11 +69,10 @@ class StoreSettings(BaseModel):
     export_bytes: int = 64 << 20          # blocks handed to other nodes, held (in shared memory) until read
     save_queue_bytes: int = 256 << 20     # copies waiting to be written; a save past this is skipped (counted)
     # A load is cut (the rest computed) once it has taken load_budget_factor x the time the engine would
-    # take to compute its tokens, at the rate it measures on its own steps (starting from this guess),
+    # take to compute its tokens, at the rate it measures on its own steps (worker/compute_rate.py),
     # or load_budget_min_s if longer (a first connection to a peer is not a slow tier).
     load_budget_factor: float = 1.0
     load_budget_min_s: float = 0.05
-    initial_compute_tokens_per_s: float = 5000.0
 
 
 class TlsSettings(BaseModel):
@@ -169,22 +168,41 @@ class KVFaultSettings(BaseModel):
     rot_store_tiers: list[str] = Field(default_factory=list)
 
 
-class KVTransportSettings(BaseModel):
-    """What the connector in the engine's worker process needs to move KV (from WorkerSettings)."""
+class KVTransportFields(BaseModel):
+    """How KV moves between workers: WorkerSettings has these flat (--kv_transport, --mesh_token),
+    KVTransportSettings carries them to the connector."""
 
+    # How KV moves between prefill and decode (pdmesh/transport/kv_transport.py): "auto" agrees the best
+    # both ends support per peer (shared memory on one host, Mooncake, else gRPC); a name forces that one.
     kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
+    # Mooncake Transfer Engine is off unless this names the worker's address on a data network only the
+    # mesh's workers reach (an RDMA fabric, a dedicated VLAN): its port serves reads and writes of the
+    # registered KV memory to any peer, without credentials, and listens on every interface whatever
+    # host it is given (the pinned wheel; docs/limits.md). Peers dial the engine at this host.
     mooncake_host: str | None = None
-    mooncake_protocol: str = "tcp"
-    mooncake_device: str = ""
+    mooncake_protocol: str = "tcp"     # "rdma" where the host has RDMA NICs; "ascend" with the NPU wheel
+    mooncake_device: str = ""          # the engine's device filter (RDMA NIC or NPU names), "" for all
+    # Shared secret of the mesh's internal ports (the Prefill/Decode/WorkerInfo port, KV transfer, KV store):
+    # every worker and gateway of a mesh sets the same one; calls without it are refused (UNAUTHENTICATED).
     mesh_token: str | None = None
+    # Mutual TLS on the KV ports: the worker's certificate serves its KV port and is its client
+    # certificate when it reads from another's (so it needs both server and client use); unset: plaintext.
     kv_tls: TlsSettings = Field(default_factory=TlsSettings)
     kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
+    # Layer-wise flow, producer: a step's newly written layers are announced to the consumer (a Watch
+    # answer, a round trip on this worker's cores while it computes) once they hold this many bytes, or
+    # when the step is done. Announcing a small layer costs the producer about what reading it early
+    # hides. 0: every layer.
     layerwise_read_bytes: int = 4 << 20
 
     @model_validator(mode="after")
     def _mooncake_needs_its_network(self):
         _check_mooncake_host(self.kv_transport, self.mooncake_host)
         return self
+
+
+class KVTransportSettings(KVTransportFields):
+    """What the connector in the engine's worker process needs to move KV (from WorkerSettings)."""
 
     def allows(self, transport: str) -> bool:
         """Whether KV may move over `transport`: Mooncake only where its data network is configured."""
@@ -200,36 +218,47 @@ class KVTransportSettings(BaseModel):
         return MeshAuth(self.mesh_token, self.kv_tls)
 
 
-class WorkerSettings(_LayeredSettings):
+class ConnectorSettings(BaseModel):
+    """What the connector in the engine's processes needs, built from WorkerSettings once
+    (worker/engine.py), carried by vLLM as kv_connector_extra_config, and read back whole by the
+    connector (worker/connector.py): no field is parsed or defaulted twice."""
+
+    kv_host: str                        # where the KV port binds
+    kv_port: int                        # rank 0's; rank r binds kv_port + r
+    kv_advertise_address: str           # host:port peers dial for rank 0's KV (WorkerSettings.kv_address_for_peers)
+    hold_timeout_s: float
+    pull_timeout_s: float
+    transport: KVTransportSettings
+    gil_switch_interval_s: float | None  # the model worker's GIL switch interval (None: Python's)
+    wake_name: str                      # the engine's quiet-steps socket ("": steps always run the workers)
+    queue_spin_s: float | None          # vLLM's queue readers' spin (None: the platform's default)
+    thread_cpus: str                    # where layer-wise reads run ("": every core)
+    initial_prefill_tokens_per_s: float  # the engine's prompt rate until it has measured its own steps
+    store: StoreSettings | None         # prefill's KV store (None: decode)
+    telemetry: TelemetrySettings
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """The host and (rank 0's) port peers reach the KV port at."""
+        host, port = self.kv_advertise_address.rsplit(":", 1)
+        return host, int(port)
+
+
+class WorkerSettings(_LayeredSettings, KVTransportFields):
     model_config = SettingsConfigDict(env_prefix="PDMESH_WORKER_", env_nested_delimiter="__")
 
-    role: Literal["prefill", "decode"] = "prefill"
+    # "both": the worker computes prompts and holds their KV for others, decodes from a handle, or serves a
+    # request whole, whichever the gateway asks of it per request (python -m node).
+    role: Literal["prefill", "decode", "both"] = "prefill"
     host: str = "127.0.0.1"
     port: int = 0                      # 0: pick a free port and report it
     kv_host: str = "127.0.0.1"         # prefill: where its KV-transfer server listens
     kv_advertise_host: str | None = None  # how decode reaches it (a container's service name); default kv_host
     kv_port: int = 0                   # 0: pick a free port before the engine starts
     kv_advertise_port: int | None = None  # the port decode dials (a port mapping or proxy in front); default kv_port
-    # How KV moves between prefill and decode (pdmesh/transport/kv_transport.py): "auto" agrees the best
-    # both ends support per peer (shared memory on one host, Mooncake, else gRPC); a name forces that one.
-    kv_transport: Literal["auto", "grpc", "shm", "mooncake"] = "auto"
-    # Mooncake Transfer Engine is off unless this names the worker's address on a data network only the
-    # mesh's workers reach (an RDMA fabric, a dedicated VLAN): its port serves reads and writes of the
-    # registered KV memory to any peer, without credentials, and listens on every interface whatever
-    # host it is given (the pinned wheel; docs/limits.md). Peers dial the engine at this host.
-    mooncake_host: str | None = None
-    mooncake_protocol: str = "tcp"     # "rdma" where the host has RDMA NICs; "ascend" with the NPU wheel
-    mooncake_device: str = ""          # the engine's device filter (RDMA NIC or NPU names), "" for all
-    # Shared secret of the mesh's internal ports (the Prefill/Decode/WorkerInfo port, KV transfer, KV store):
-    # every worker and gateway of a mesh sets the same one; calls without it are refused (UNAUTHENTICATED).
-    mesh_token: str | None = None
     # A worker refuses to start without a mesh credential (mesh_token, or mTLS with client certificates on
     # both its ports: tls.ca_file and kv_tls.ca_file); this lets it serve anyone who reaches its ports.
     insecure_no_mesh_auth: bool = False
-    # Mutual TLS on the KV ports: the worker's certificate serves its KV port and is its client
-    # certificate when it reads from another's (so it needs both server and client use); unset: plaintext.
-    kv_tls: TlsSettings = Field(default_factory=TlsSettings)
-    kv_faults: KVFaultSettings = Field(default_factory=KVFaultSettings)
     hold_timeout_s: float = 60.0       # prefill frees unreleased KV after this long
     pull_timeout_s: float = 30.0
     # Python's GIL switch interval in the engine's model-worker process (None: Python's 5 ms). The KV threads
@@ -238,24 +267,21 @@ class WorkerSettings(_LayeredSettings):
     kv_gil_switch_interval_s: float | None = None
     # Engine steps skip the model workers while every request waits for its KV and no transfer has finished
     # (the workers say when one has): vLLM would step them once a millisecond for as long as a request waits,
-    # which the layer-wise flow makes as long as prefill (pdmesh/connector/quiet_steps.py).
+    # which the layer-wise flow makes as long as prefill (worker/vllm_ext/quiet_steps.py).
     kv_quiet_steps: bool = True
     # How long vLLM's queues between the engine core and its model workers busy-poll after each message
-    # before they sleep on a socket (pdmesh/connector/queue_spin.py); None: 0 on the CPU, where the spin
+    # before they sleep on a socket (worker/vllm_ext/queue_spin.py); None: 0 on the CPU, where the spin
     # takes the cores the model computes on (engines sharing cores starved each other for seconds:
     # bench/REPORT.md, Soak), vLLM's own 1 s on accelerators.
     engine_queue_spin_s: float | None = None
-    # Layer-wise flow, producer: a step's newly written layers are announced to the consumer (a Watch
-    # answer, a round trip on this worker's cores while it computes) once they hold this many bytes, or
-    # when the step is done. Layer by layer where one layer of a step's KV is this large: announcing
-    # a small layer costs the producer about what reading it early hides (bench/REPORT.md, layer-wise
-    # flow; one run each, within this machine's noise). 0: every layer.
-    layerwise_read_bytes: int = 4 << 20
     # Cores the worker's own processes (its API server, vLLM's engine core) and its layer-wise reading
     # threads run on, e.g. "1" or "2-3"; "": any.
     # A local cluster keeps a decode worker's on its engine's core: where vLLM's queues between them busy-poll
     # after each step (engine_queue_spin_s), that then does not take prefill's core (bench/REPORT.md, layer-wise).
     process_cpus: str = ""
+    # The engine's prompt rate (tokens/s) until it has measured its own steps (worker/compute_rate.py): the
+    # budget of its KV store loads, and what it publishes for the gateways' choice of where to prefill.
+    initial_prefill_tokens_per_s: float = 5000.0
     advertise_host: str | None = None  # how gateways reach this worker (registry record); default host
     ready_file: Path | None = None     # written with {"address": ...} once serving
     exit_with_parent: bool = False     # stop when the launching process dies (local clusters, tests)
@@ -265,10 +291,15 @@ class WorkerSettings(_LayeredSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)   # prefill only
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
-    @model_validator(mode="after")
-    def _mooncake_needs_its_network(self):
-        _check_mooncake_host(self.kv_transport, self.mooncake_host)
-        return self
+    @property
+    def produces(self) -> bool:
+        """It computes prompts whose KV other workers read (its KV port, its KV store)."""
+        return self.role in ("prefill", "both")
+
+    @property
+    def consumes(self) -> bool:
+        """It reads other workers' KV."""
+        return self.role in ("decode", "both")
 
     @property
     def address_for_gateways(self) -> str:
@@ -277,8 +308,8 @@ class WorkerSettings(_LayeredSettings):
 
     @property
     def kv_transport_settings(self) -> KVTransportSettings:
-        """This worker's fields of the same names (flat on the command line: --kv_transport, --mesh_token)."""
-        return KVTransportSettings(**{name: getattr(self, name) for name in KVTransportSettings.model_fields})
+        """This worker's KV transport fields (flat on the command line: --kv_transport, --mesh_token)."""
+        return KVTransportSettings(**{name: getattr(self, name) for name in KVTransportFields.model_fields})
 
     @property
     def kv_host_for_peers(self) -> str:
@@ -303,6 +334,7 @@ class GatewaySettings(_LayeredSettings):
     port: int = 50051
     prefill_workers: list[str] = Field(default_factory=list)   # host:port
     decode_workers: list[str] = Field(default_factory=list)
+    workers: list[str] = Field(default_factory=list)   # host:port of workers taking both roles (python -m node)
     tokenizer: str = str(DEFAULT_MODEL_DIR)                     # folder with tokenizer.json
     request_timeout_s: float = 300.0
     # "decode": vLLM's P/D flow, decode samples the first token again (seeded sampling matches a
@@ -329,9 +361,11 @@ class GatewaySettings(_LayeredSettings):
     http_max_connections: int = Field(512, gt=0)
     # Where prompts are computed (gateway/disagg.py): "remote" always on a prefill worker (P/D), "local" always
     # on the decode worker, "conditional" per request from measured costs (Dynamo's conditional disaggregation).
-    disagg_policy: Literal["remote", "local", "conditional"] = "remote"
+    # adaptive: over workers taking both roles, each request served whole or split over a pair, from
+    # predicted TTFT and the stall it inflicts on running streams (gateway/placement.py)
+    disagg_policy: Literal["remote", "local", "conditional", "adaptive"] = "remote"
+    ttft_slo_s: float = 2.5                 # adaptive: options predicted past it are taken last
     max_local_stall_s: float = 0.1          # conditional: a busy decode prefills locally only if its streams wait <= this
-    disagg_initial_tokens_per_s: float = 10000.0   # conditional: prefill rates until measured
     disagg_initial_handoff_s: float = 0.02         # conditional: prefill response -> decode's first token, until measured
     # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".
     route_policy: Literal["round_robin", "least_loaded", "prefix_aware"] = "prefix_aware"

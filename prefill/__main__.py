@@ -1,8 +1,11 @@
 """python -m prefill [--port N --engine.model DIR ...]: a prefill worker process."""
 
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from pdmesh.worker_runtime import worker_main
 from prefill.servicer import PrefillServicer
+from worker.runtime import worker_main
+
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
 
 
 def add_servicer(server, engine, info, metrics) -> None:
@@ -10,4 +13,4 @@ def add_servicer(server, engine, info, metrics) -> None:
 
 
 if __name__ == "__main__":
-    worker_main("prefill", worker_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name, add_servicer)
+    worker_main("prefill", [SERVICE_NAME], add_servicer)

@@ -6,17 +6,18 @@ import asyncio
 import logging
 
 from pdmesh.background import BackgroundTasks
-from pdmesh.connector.params import LOADED_FROM_STORE, REQUEST_STATS, handle_from_params, prefill_params
 from pdmesh.errors import InvalidRequest, WorkerFailed
 from pdmesh.grpc_errors import maps_domain_errors
+from pdmesh.kv.params import KV_HANDLE, LOADED_FROM_STORE, PREFILL_TOKENS_PER_S, handle_from_params, prefill_params
+from pdmesh.kv.request_stats import StoreLoadStats, store_load_stats
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
 from pdmesh.telemetry.observe import TokenTimer, observe_request
 from pdmesh.telemetry.tracing import inject_carrier, request_context, tracer
-from pdmesh.validation import check_prompt, check_sampling_values, check_transfer_id
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from pdmesh.validation import check_prompt, check_sampling_values, check_transfer_id
 from prefill.used_transfer_ids import UsedTransferIds
-
+from worker.vllm_ext.engine_calls import EngineCalls
 
 logger = logging.getLogger(__name__)
 GREEDY = common_pb2.SamplingParams(max_tokens=1, temperature=0.0)
@@ -25,6 +26,7 @@ GREEDY = common_pb2.SamplingParams(max_tokens=1, temperature=0.0)
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     def __init__(self, engine, info: worker_pb2.WorkerInfoResponse, metrics: MeshMetrics) -> None:
         self._engine = engine
+        self._calls = EngineCalls(engine)
         self._info = info
         self._metrics = metrics
         self._background = BackgroundTasks()
@@ -68,13 +70,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             token_ids += completion.token_ids
             pieces.append(completion.text)
             final = output
-        if final is None or not final.kv_transfer_params or not token_ids:
+        if final is None or KV_HANDLE not in (final.kv_transfer_params or {}) or not token_ids:
             raise WorkerFailed(f"prefill of {request.request_id} produced no KV handle")
         stats = self._store_stats(final.kv_transfer_params)
-        store_tokens = stats["tokens_by_tier"] if stats else {}
+        store_tokens = stats.tokens_by_tier if stats else {}
         # With a store load, vLLM's count includes tokens claimed from the store even when their
         # load failed and they were computed after all: count what really loaded instead.
-        num_cached = (stats["num_local_tokens"] + sum(store_tokens.values()) if stats
+        num_cached = (stats.num_local_tokens + sum(store_tokens.values()) if stats
                       else final.num_cached_tokens or 0)
         self._record_tokens(len(prompt_token_ids), num_cached, store_tokens)
         return worker_pb2.PrefillResponse(
@@ -86,27 +88,28 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             first_token_id=token_ids[0],
             first_text="".join(pieces),
             finish_reason=finish_reason_of(final.outputs[0].finish_reason),
+            prefill_tokens_per_s=final.kv_transfer_params.get(PREFILL_TOKENS_PER_S, 0.0),
         )
 
     @maps_domain_errors
     async def Release(self, request: worker_pb2.ReleaseKVRequest, context) -> worker_pb2.ReleaseKVResponse:
         if not request.transfer_id:
             raise InvalidRequest("transfer_id is required")
-        released = (await self._engine.collective_rpc("pdmesh_release_transfer", args=(request.transfer_id,)))[0]
+        released = await self._calls.release_transfer(request.transfer_id)
         return worker_pb2.ReleaseKVResponse(released=released)
 
     def _release_soon(self, request_id: str) -> None:
         """The caller went away: the engine may have finished the request and pinned its KV for a
         decode that will never come. Free it now (or as soon as the engine registers it)."""
-        self._background.spawn(self._engine.collective_rpc("pdmesh_release_request", args=(request_id,)))
+        self._background.spawn(self._calls.release_request(request_id))
 
     @staticmethod
-    def _store_stats(kv_params: dict) -> dict | None:
-        """What the KV store loaded for this request (StoreLoadStats), if it loaded anything: the
-        connector returns it with the request's output."""
+    def _store_stats(kv_params: dict) -> StoreLoadStats | None:
+        """What the KV store loaded for this request, if it loaded anything: the connector returns
+        it with the request's output."""
         if not kv_params.get(LOADED_FROM_STORE):
             return None
-        return kv_params.get(REQUEST_STATS)
+        return store_load_stats(kv_params)
 
     def _record_tokens(self, num_prompt_tokens: int, num_cached: int, store_tokens: dict[str, int]) -> None:
         role = self._metrics.role

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from pdmesh.engine import free_port
+from worker.engine import free_port
 
 
 class RedisServer:

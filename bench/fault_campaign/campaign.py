@@ -14,7 +14,7 @@ from bench.fault_campaign.faults import Fault, Trial
 from bench.fault_campaign.load import Workload
 from bench.fault_campaign.mesh import FaultMesh
 from bench.fault_campaign.outcomes import GOOD, RequestResult, cross_tenant_hits, not_completed, tally
-from bench.fault_campaign.stamp import RunStamp, run_stamp
+from bench.stamp import RunStamp, run_stamp
 
 WARMUP_S = 2.0
 PAUSE_S = 1.0          # load between trials

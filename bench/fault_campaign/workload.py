@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from bench.fault_campaign.load import Workload
-from pdmesh.baseline import run_in_subprocess
+from worker.baseline import run_in_subprocess
 
 VOCAB = 1024
 PREFIX_TOKENS = 192        # 6 blocks of 32

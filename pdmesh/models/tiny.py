@@ -108,6 +108,14 @@ def llama_wide_config() -> dict:
             "num_attention_heads": 8, "num_key_value_heads": 4}
 
 
+def llama_mid_config() -> dict:
+    """A compute-bound Llama (~104 M parameters: 12 layers x 768 hidden) for the serving benchmark:
+    on a CPU core its long prefills take seconds, so a prefill's compute (not the engine's per-step
+    overhead, as with the tiny models) is what stalls a colocated decode batch, as on an accelerator."""
+    return {**llama_config(), "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+            "num_attention_heads": 12, "num_key_value_heads": 4, "initializer_range": 0.02}
+
+
 def deepseek_v2_config() -> dict:
     """DeepSeek-V2-Lite-shaped: MLA (kv_lora_rank 512 + rope 64 = 576 cached values per token and
     layer), one dense layer then MoE layers with shared + routed experts."""
@@ -152,6 +160,7 @@ def _build(out_dir: Path, kind: str) -> Path:
     config_cls, model_cls, config = {
         "llama": ("LlamaConfig", "LlamaForCausalLM", llama_config()),
         "llama_wide": ("LlamaConfig", "LlamaForCausalLM", llama_wide_config()),
+        "llama_mid": ("LlamaConfig", "LlamaForCausalLM", llama_mid_config()),
         "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", deepseek_v2_config()),
     }[kind]
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**config)).to(torch.float32)
@@ -165,6 +174,10 @@ def _build(out_dir: Path, kind: str) -> Path:
 
 def build_llama(out_dir: Path) -> Path:
     return _build(out_dir, "llama")
+
+
+def build_mid_llama(out_dir: Path) -> Path:
+    return _build(out_dir, "llama_mid")
 
 
 def build_deepseek_v2(out_dir: Path) -> Path:
@@ -184,6 +197,10 @@ def ensure_llama(out_dir: Path) -> Path:
 
 def ensure_llama_wide(out_dir: Path) -> Path:
     return _ensure(out_dir, "llama_wide")
+
+
+def ensure_mid_llama(out_dir: Path) -> Path:
+    return _ensure(out_dir, "llama_mid")
 
 
 def ensure_deepseek_v2(out_dir: Path) -> Path:

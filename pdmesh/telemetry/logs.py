@@ -14,7 +14,7 @@ from pdmesh.telemetry.tracing import CLIENT_REQUEST_ID_KEY, REQUEST_ID_KEY
 
 DEBUG_LOGGERS_ENV = "PDMESH_DEBUG_LOGGERS"  # comma-separated logger names logged at DEBUG (e.g. every pull's timing)
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
-_OWN_LOGGERS = ("pdmesh", "kvstore")   # the engine processes' loggers configure_engine_logging sets up
+_OWN_LOGGERS = ("pdmesh", "kvstore", "worker", "prefill", "decode")   # what configure_engine_logging sets up
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,4 +1,5 @@
-"""Splits KV blocks into wire chunks and reassembles them, verifying each block's checksum.
+"""Splits KV blocks into wire chunks and reassembles them, verifying each block's checksum (the one
+definition, pdmesh/kv/checksum.py: both ends give the blocks' piece sizes; None: one piece).
 
 Blocks of at most half a chunk travel as runs (several whole blocks per message); larger ones are
 split into pieces. Every message a receiving thread waits for costs a GIL hand-off in a process
@@ -15,8 +16,8 @@ import grpc
 import numpy as np
 
 from pdmesh.errors import ChecksumMismatch, InvalidRequest, WorkerFailed
+from pdmesh.kv.checksum import block_checksum
 from pdmesh.status_map import error_from_rpc_error
-from pdmesh.transport.checksum import block_checksum
 from pdmesh.v1 import kv_transfer_pb2
 
 DEFAULT_CHUNK_NBYTES = 1 << 20  # 1 MiB: below gRPC's 4 MiB default, and faster than 4 MiB here
@@ -28,11 +29,12 @@ def iter_block_chunks(
     payload: bytes | memoryview,
     block_hash: bytes,
     chunk_nbytes: int = DEFAULT_CHUNK_NBYTES,
+    piece_nbytes: Sequence[int] | None = None,
 ) -> Iterator[kv_transfer_pb2.KVChunk]:
     """Yields the chunks of one block; the last one carries checksum and content hash."""
     view = memoryview(payload).cast("B")
     block_nbytes = view.nbytes
-    checksum = block_checksum(view)
+    checksum = block_checksum(view, piece_nbytes)
     offset = 0
     while True:
         end = min(offset + chunk_nbytes, block_nbytes)
@@ -52,27 +54,28 @@ def iter_block_chunks(
 
 
 def iter_chunks(block_indexes: Sequence[int], rows: np.ndarray, block_hashes: Sequence[bytes],
-                chunk_nbytes: int = DEFAULT_CHUNK_NBYTES) -> Iterator[kv_transfer_pb2.KVChunk]:
+                chunk_nbytes: int = DEFAULT_CHUNK_NBYTES,
+                piece_nbytes: Sequence[int] | None = None) -> Iterator[kv_transfer_pb2.KVChunk]:
     """The chunks of blocks whose bytes are `rows` ((n, block_nbytes) uint8): runs of whole blocks
     while two or more fit in a chunk, pieces of each block otherwise."""
     block_nbytes = rows.shape[1]
     per_chunk = blocks_per_chunk(block_nbytes, chunk_nbytes)
     if per_chunk < 2:
         for index, row, block_hash in zip(block_indexes, rows, block_hashes):
-            yield from iter_block_chunks(index, row, block_hash, chunk_nbytes)
+            yield from iter_block_chunks(index, row, block_hash, chunk_nbytes, piece_nbytes)
         return
     for start in range(0, len(block_indexes), per_chunk):
         yield run_chunk(block_indexes[start:start + per_chunk], rows[start:start + per_chunk].tobytes(), block_nbytes,
-                        block_hashes[start:start + per_chunk])
+                        block_hashes[start:start + per_chunk], piece_nbytes)
 
 
-def run_chunk(block_indexes: Sequence[int], data: bytes, block_nbytes: int,
-              block_hashes: Sequence[bytes]) -> kv_transfer_pb2.KVChunk:
+def run_chunk(block_indexes: Sequence[int], data: bytes, block_nbytes: int, block_hashes: Sequence[bytes],
+              piece_nbytes: Sequence[int] | None = None) -> kv_transfer_pb2.KVChunk:
     """One message of whole blocks whose bytes are `data` (back to back), each checksummed."""
     view = memoryview(data)
     return kv_transfer_pb2.KVChunk(
         data=data, block_nbytes=block_nbytes, run_block_indexes=block_indexes,
-        run_checksums=[block_checksum(view[i:i + block_nbytes]) for i in range(0, len(data), block_nbytes)],
+        run_checksums=[block_checksum(view[i:i + block_nbytes], piece_nbytes) for i in range(0, len(data), block_nbytes)],
         run_block_hashes=block_hashes)
 
 
@@ -91,8 +94,10 @@ class AssembledBlock:
 class BlockAssembler:
     """Collects chunks in stream order; returns a block once its last chunk verified."""
 
-    def __init__(self, max_block_nbytes: int, verify: bool = True, tamper=None) -> None:
+    def __init__(self, max_block_nbytes: int, verify: bool = True, tamper=None,
+                 piece_nbytes: Sequence[int] | None = None) -> None:
         self._max_block_nbytes = max_block_nbytes
+        self._piece_nbytes = piece_nbytes
         self._verify = verify
         self._tamper = tamper  # fault tests: alters the bytes as they arrive, before the checksum
         self._block_index: int | None = None
@@ -131,11 +136,17 @@ class BlockAssembler:
         blocks = []
         for i, (index, checksum, block_hash) in enumerate(zip(indexes, chunk.run_checksums, chunk.run_block_hashes)):
             payload = data[i * block_nbytes:(i + 1) * block_nbytes]
-            actual = block_checksum(payload) if self._verify else checksum
+            actual = self._checksum(payload) if self._verify else checksum
             if actual != checksum:
                 raise ChecksumMismatch(f"block {index}: checksum {actual:#018x} != sent {checksum:#018x}")
             blocks.append(AssembledBlock(index, payload, bytes(block_hash)))
         return blocks
+
+    def _checksum(self, payload) -> int:
+        try:
+            return block_checksum(payload, self._piece_nbytes)
+        except ValueError as exc:   # not a block of the agreed pieces: its bytes cannot be the producer's
+            raise ChecksumMismatch(f"block of {len(payload)} bytes: {exc}") from exc
 
     @property
     def in_progress(self) -> bool:
@@ -159,7 +170,7 @@ class BlockAssembler:
                 f"block {chunk.block_index}: got {self._num_received} of {len(self._buffer)} bytes")
         if self._tamper is not None:
             self._tamper(memoryview(self._buffer))
-        actual = block_checksum(self._buffer) if self._verify else chunk.checksum
+        actual = self._checksum(self._buffer) if self._verify else chunk.checksum
         if actual != chunk.checksum:
             raise ChecksumMismatch(
                 f"block {chunk.block_index}: checksum {actual:#018x} != sent {chunk.checksum:#018x}")
@@ -170,11 +181,12 @@ class BlockAssembler:
 
 
 def receive_runs(chunks: Iterable[kv_transfer_pb2.KVChunk], max_block_nbytes: int, num_expected: int,
-                 what: str, verify: bool = True, tamper=None) -> Iterator[list[AssembledBlock]]:
+                 what: str, verify: bool = True, tamper=None,
+                 piece_nbytes: Sequence[int] | None = None) -> Iterator[list[AssembledBlock]]:
     """Yields verified blocks from a chunk stream, a message's worth at a time (a run, or the one
     block its last piece completed); raises a domain error on any failure, including a stream that
     ended before `num_expected` blocks."""
-    assembler = BlockAssembler(max_block_nbytes, verify, tamper)
+    assembler = BlockAssembler(max_block_nbytes, verify, tamper, piece_nbytes)
     num_blocks = 0
     try:
         for chunk in chunks:

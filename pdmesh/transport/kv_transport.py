@@ -7,7 +7,7 @@ ends support, in this order:
             shared memory (pdmesh/transport/shm/)
   mooncake  Mooncake Transfer Engine reads the producer's registered KV cache into the consumer's
             (TCP here, RDMA / Ascend where the hardware has it; pdmesh/transport/mooncake/)
-  grpc      the producer streams the blocks' bytes (pdmesh/transport/grpc_kv_*.py)
+  grpc      the producer streams the blocks' bytes (prefill/kv/grpc_kv_server.py, decode/kv/grpc_kv_reader.py)
 Every reader verifies each block's content hash before it lands and its checksum on the bytes that
 landed; a block that fails, and those after it, are reported failed (vLLM recomputes them).
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pdmesh.transport.kv_layout import LayerRegion
+from pdmesh.kv.kv_layout import LayerRegion
 
 GRPC, SHM, MOONCAKE = "grpc", "shm", "mooncake"
 TRANSPORTS = (SHM, MOONCAKE, GRPC)  # the order a producer prefers them in

@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/kv_store.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"t\n\rLookupRequest\x12%\n\x06\x63ompat\x18\x01 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\textra_key\x18\x03 \x01(\x0c\x12\x16\n\x0einclude_remote\x18\x04 \x01(\x08\")\n\x0b\x42lockSource\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\"8\n\x0eLookupResponse\x12&\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x16.pdmesh.v1.BlockSource\"F\n\x08\x42lockRef\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\"[\n\rExportRequest\x12%\n\x06\x63ompat\x18\x01 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12#\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x13.pdmesh.v1.BlockRef\"9\n\x0e\x45xportResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x05\x32\x87\x01\n\x07KVStore\x12=\n\x06Lookup\x12\x18.pdmesh.v1.LookupRequest\x1a\x19.pdmesh.v1.LookupResponse\x12=\n\x06\x45xport\x12\x18.pdmesh.v1.ExportRequest\x1a\x19.pdmesh.v1.ExportResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/kv_store.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x8a\x01\n\rLookupRequest\x12%\n\x06\x63ompat\x18\x01 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\textra_key\x18\x03 \x01(\x0c\x12\x16\n\x0einclude_remote\x18\x04 \x01(\x08\x12\x14\n\x0c\x62lock_hashes\x18\x05 \x03(\x0c\")\n\x0b\x42lockSource\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\"8\n\x0eLookupResponse\x12&\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x16.pdmesh.v1.BlockSource\"F\n\x08\x42lockRef\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\"[\n\rExportRequest\x12%\n\x06\x63ompat\x18\x01 \x01(\x0b\x32\x15.pdmesh.v1.CompatInfo\x12#\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x13.pdmesh.v1.BlockRef\"9\n\x0e\x45xportResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x05\x32\x87\x01\n\x07KVStore\x12=\n\x06Lookup\x12\x18.pdmesh.v1.LookupRequest\x1a\x19.pdmesh.v1.LookupResponse\x12=\n\x06\x45xport\x12\x18.pdmesh.v1.ExportRequest\x1a\x19.pdmesh.v1.ExportResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdmesh.v1.kv_store_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LOOKUPREQUEST']._serialized_start=63
-  _globals['_LOOKUPREQUEST']._serialized_end=179
-  _globals['_BLOCKSOURCE']._serialized_start=181
-  _globals['_BLOCKSOURCE']._serialized_end=222
-  _globals['_LOOKUPRESPONSE']._serialized_start=224
-  _globals['_LOOKUPRESPONSE']._serialized_end=280
-  _globals['_BLOCKREF']._serialized_start=282
-  _globals['_BLOCKREF']._serialized_end=352
-  _globals['_EXPORTREQUEST']._serialized_start=354
-  _globals['_EXPORTREQUEST']._serialized_end=445
-  _globals['_EXPORTRESPONSE']._serialized_start=447
-  _globals['_EXPORTRESPONSE']._serialized_end=504
-  _globals['_KVSTORE']._serialized_start=507
-  _globals['_KVSTORE']._serialized_end=642
+  _globals['_LOOKUPREQUEST']._serialized_start=64
+  _globals['_LOOKUPREQUEST']._serialized_end=202
+  _globals['_BLOCKSOURCE']._serialized_start=204
+  _globals['_BLOCKSOURCE']._serialized_end=245
+  _globals['_LOOKUPRESPONSE']._serialized_start=247
+  _globals['_LOOKUPRESPONSE']._serialized_end=303
+  _globals['_BLOCKREF']._serialized_start=305
+  _globals['_BLOCKREF']._serialized_end=375
+  _globals['_EXPORTREQUEST']._serialized_start=377
+  _globals['_EXPORTREQUEST']._serialized_end=468
+  _globals['_EXPORTRESPONSE']._serialized_start=470
+  _globals['_EXPORTRESPONSE']._serialized_end=527
+  _globals['_KVSTORE']._serialized_start=530
+  _globals['_KVSTORE']._serialized_end=665
 # @@protoc_insertion_point(module_scope)

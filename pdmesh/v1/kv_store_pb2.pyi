@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LookupRequest(_message.Message):
-    __slots__ = ("compat", "token_ids", "extra_key", "include_remote")
+    __slots__ = ("compat", "token_ids", "extra_key", "include_remote", "block_hashes")
     COMPAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EXTRA_KEY_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_REMOTE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     compat: _common_pb2.CompatInfo
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     extra_key: bytes
     include_remote: bool
-    def __init__(self, compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., extra_key: _Optional[bytes] = ..., include_remote: _Optional[bool] = ...) -> None: ...
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, compat: _Optional[_Union[_common_pb2.CompatInfo, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., extra_key: _Optional[bytes] = ..., include_remote: _Optional[bool] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class BlockSource(_message.Message):
     __slots__ = ("node", "tier")

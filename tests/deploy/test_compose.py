@@ -91,7 +91,7 @@ def test_healthcheck_probes_the_worker_port(compose):
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gateway", "Dockerfile.cuda", "Dockerfile.ascend"])
 def test_dockerfiles_copy_every_package(dockerfile):
     text = (DEPLOY / dockerfile).read_text()
-    for package in ("pdmesh", "gateway", "prefill", "decode", "kvstore"):
+    for package in ("pdmesh", "gateway", "prefill", "decode", "kvstore", "worker"):
         assert f"COPY {package} {package}" in text
 
 

@@ -23,8 +23,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from pdmesh.config import GatewaySettings, WorkerSettings
-from pdmesh.engine import free_port
 from tests.deploy.rendered import COMPOSE_VARIANTS, DEPLOY, DEV_SECRETS, compose_config, init_compose_secrets
+from worker.engine import free_port
 
 INIT_SERVICE = "secrets-init"
 SECRETS_VOLUME = "secrets"

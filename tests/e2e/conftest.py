@@ -14,7 +14,6 @@ import grpc
 import pytest
 
 from gateway.server import Gateway
-from pdmesh.baseline import run_in_subprocess
 from pdmesh.cluster import LocalCluster
 from pdmesh.config import GatewaySettings, TlsSettings
 from pdmesh.tls import open_channel
@@ -24,6 +23,7 @@ from tests.conftest import MESH_TOKEN
 from tests.e2e.fuzz_tally import TALLY, TALLY_PATH_ENV
 from tests.otlp_receiver import OtlpReceiver
 from tests.redis_server import RedisServer
+from worker.baseline import run_in_subprocess
 
 pytestmark = pytest.mark.vllm
 

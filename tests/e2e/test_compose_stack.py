@@ -22,10 +22,10 @@ import openai
 import pytest
 
 from pdmesh.client import generate, make_request
-from pdmesh.engine import free_port
 from pdmesh.healthcheck import serving
 from tests.e2e.conftest import MAX_TOKENS, USER_TEXT_PROMPTS, token_prompts
 from tests.e2e.greedy import assert_greedy_tokens_equal
+from worker.engine import free_port
 
 pytestmark = pytest.mark.containers
 ROOT = Path(__file__).resolve().parents[2]

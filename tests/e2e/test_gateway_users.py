@@ -17,7 +17,6 @@ import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.pool import WorkerPool
 from gateway.prefix_index import PrefixIndex
 from pdmesh.client import auth_metadata, generate, make_request
 from pdmesh.cluster import LocalCluster
@@ -26,9 +25,10 @@ from pdmesh.registry import RegistryWatcher
 from pdmesh.tls import open_channel
 from pdmesh.v1 import generate_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.conftest import MESH_TOKEN
+from tests.e2e.cluster_probes import (all_saved, kill_worker, stats_of, stream_generate, until_idle, until_indexed,
+                                      until_left_registry, until_saved)
 from tests.e2e.conftest import (FAILOVER_PROMPT, FAILOVER_SAMPLING, HOLD_TIMEOUT_S, MAX_TOKENS, USER_CHATS,
-                                USER_TEXT_PROMPTS, in_process_gateway, mesh_channel, settled_stats, worker_stats)
-from tests.redis_server import RedisServer
+                                USER_TEXT_PROMPTS, in_process_gateway, mesh_channel, settled_stats)
 from tests.tls_certs import make_certs
 
 pytestmark = pytest.mark.vllm
@@ -228,9 +228,9 @@ async def test_every_worker_is_in_the_registry_with_its_capacity(users_cluster, 
 async def test_one_tenant_never_hits_another_tenants_prefix(users_cluster, gateway_tls):
     prompt = _random_prompt("tenant", 300)
     first_a = await _generate_grpc(users_cluster, prompt, KEY_A)
-    await _all_saved(users_cluster, gateway_tls)
+    await until_saved(users_cluster, gateway_tls)
     as_b = await _generate_grpc(users_cluster, prompt, KEY_B)
-    await _all_saved(users_cluster, gateway_tls)
+    await until_saved(users_cluster, gateway_tls)
     again_a = await _generate_grpc(users_cluster, prompt, KEY_A)
     assert first_a[0] == as_b[0] == again_a[0]
     full_blocks = 300 // BLOCK_SIZE * BLOCK_SIZE
@@ -248,7 +248,7 @@ async def test_prefix_aware_routing_sends_a_request_to_the_worker_holding_its_pr
             async with in_process_gateway(users_cluster, tiny_llama_dir, prefill_workers=[address],
                                           worker_tls=gateway_tls) as only_holder:
                 await generate(only_holder, make_request(prefix + [5] * 10, max_tokens=4))
-            await _indexed(index, users_cluster, gateway_tls, prefix + [7] * 10, 256 // BLOCK_SIZE)
+            await until_indexed(index, users_cluster, gateway_tls, prefix + [7] * 10, 256 // BLOCK_SIZE)
             async with in_process_gateway(users_cluster, tiny_llama_dir, worker_tls=gateway_tls,
                                           route_policy="prefix_aware", kv_index_redis_url=redis.url,
                                           kv_index_redis_password=redis.password) as both:
@@ -266,10 +266,10 @@ async def test_client_cancel_frees_blocks_on_prefill_and_decode(users_cluster, g
         async for chunk in call:
             if chunk.token_ids:
                 break
-        running = [s.num_running_requests for s in await _stats(users_cluster.decode_addresses, gateway_tls)]
+        running = [s.num_running_requests for s in await stats_of(users_cluster.decode_addresses, gateway_tls)]
         assert sorted(running) == [0, 1]   # one decode is generating it
         call.cancel()
-    await _idle(users_cluster, gateway_tls)
+    await until_idle(users_cluster, gateway_tls)
 
 
 async def test_cancel_during_prefill_frees_blocks_too(users_cluster, gateway_tls):
@@ -278,7 +278,7 @@ async def test_cancel_during_prefill_frees_blocks_too(users_cluster, gateway_tls
         call = generate_pb2_grpc.GenerationStub(channel).Generate(request, metadata=auth_metadata(KEY_A), timeout=60)
         await asyncio.sleep(0.05)
         call.cancel()
-    await _idle(users_cluster, gateway_tls)
+    await until_idle(users_cluster, gateway_tls)
 
 
 async def test_deadline_is_honoured_and_frees_blocks(users_cluster, gateway_tls):
@@ -288,7 +288,7 @@ async def test_deadline_is_honoured_and_frees_blocks(users_cluster, gateway_tls)
                     make_request(_random_prompt("deadline", 64), **LONG), metadata=auth_metadata(KEY_A), timeout=1.0):
                 pass
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await _idle(users_cluster, gateway_tls)
+    await until_idle(users_cluster, gateway_tls)
 
 
 async def test_admission_limit_answers_resource_exhausted_and_429(users_cluster, tiny_llama_dir, gateway_tls):
@@ -309,7 +309,7 @@ async def test_admission_limit_answers_resource_exhausted_and_429(users_cluster,
                     await client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
             assert http_err.value.status_code == 429
             busy.cancel()
-    await _idle(users_cluster, gateway_tls)
+    await until_idle(users_cluster, gateway_tls)
 
 
 async def test_decode_killed_mid_stream_continues_on_another_without_recomputing_the_prompt(
@@ -320,12 +320,12 @@ async def test_decode_killed_mid_stream_continues_on_another_without_recomputing
                                   route_policy="round_robin") as address:
         await _connect_second_prefill_to_first(users_cluster, address, gateway_tls)
         token_ids, killed_after = [], None
-        async for response in _stream(address, make_request(FAILOVER_PROMPT, **FAILOVER_SAMPLING)):
+        async for response in stream_generate(address, make_request(FAILOVER_PROMPT, **FAILOVER_SAMPLING)):
             token_ids += response.token_ids
             # killed once the prompt is in the first prefill's store (the retry's prefill reads it there)
-            if killed_after is None and token_ids and await _saved(users_cluster, gateway_tls):
+            if killed_after is None and token_ids and await all_saved(users_cluster, gateway_tls):
                 killed_after = len(token_ids)
-                _kill(users_cluster, first_decode)
+                kill_worker(users_cluster, first_decode)
             last = response
     assert token_ids == want
     assert killed_after is not None and killed_after < len(want), "the stream ended before the kill"
@@ -336,7 +336,7 @@ async def test_decode_killed_mid_stream_continues_on_another_without_recomputing
     # and the tokens generated before the crash.
     assert transfer.prefill_computed_tokens == len(FAILOVER_PROMPT) + (
         len(FAILOVER_PROMPT) % BLOCK_SIZE + transfer.resumed_at_token)
-    await _left_registry(redis, first_decode, other_decode, gateway_tls)
+    await until_left_registry(redis, first_decode, other_decode, gateway_tls)
 
 
 async def test_prefill_killed_before_the_first_token_is_retried_invisibly(
@@ -347,7 +347,7 @@ async def test_prefill_killed_before_the_first_token_is_retried_invisibly(
                                   decode_workers=[a for a in users_cluster.decode_addresses
                                                   if a not in users_cluster.killed]) as address:
         await generate(address, make_request("warm up", max_tokens=2))  # on the first; learns both prefills
-        _kill(users_cluster, victim)
+        kill_worker(users_cluster, victim)
         token_ids, _, last = await generate(address, make_request(USER_TEXT_PROMPTS[0], max_tokens=MAX_TOKENS))
     assert token_ids == want
     assert (last.transfer.num_failovers, last.transfer.resumed_at_token) == (1, 0)
@@ -361,11 +361,6 @@ async def _generate_grpc(cluster, prompt: list[int], api_key: str):
     return token_ids, last
 
 
-async def _stream(address: str, request):
-    async with grpc.aio.insecure_channel(address) as channel:
-        async for response in generate_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120):
-            yield response
-
 
 async def _connect_second_prefill_to_first(cluster: LocalCluster, address: str, tls: TlsSettings) -> None:
     """Two requests of one prompt through a fresh round-robin gateway: the second prefill loads the
@@ -374,70 +369,15 @@ async def _connect_second_prefill_to_first(cluster: LocalCluster, address: str, 
     engines spinning on one core outlasted the 10 s fetch deadline, and it recomputed the prompt."""
     prompt = _random_prompt("connect-prefills", 3 * BLOCK_SIZE + 1)
     for _ in range(2):
-        async for _ in _stream(address, make_request(prompt, max_tokens=2)):
+        async for _ in stream_generate(address, make_request(prompt, max_tokens=2)):
             pass
-        await _all_saved(cluster, tls)
+        await until_saved(cluster, tls)
 
 
-def _kill(cluster: LocalCluster, address: str) -> None:
-    cluster.kill(cluster.worker_names[address])
-    cluster.killed.append(address)
 
 
-async def _stats(addresses: list[str], tls: TlsSettings) -> list[worker_pb2.WorkerStats]:
-    return list(await asyncio.gather(*(worker_stats(a, tls) for a in addresses)))
 
 
-async def _live_stats(cluster, tls: TlsSettings) -> list[worker_pb2.WorkerStats]:
-    return await _stats([a for a in cluster.prefill_addresses + cluster.decode_addresses if a not in cluster.killed],
-                        tls)
 
 
-async def _until(condition, what: str, timeout_s: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await condition():
-        assert asyncio.get_running_loop().time() < deadline, what
-        await asyncio.sleep(0.1)
 
-
-async def _saved(cluster, tls: TlsSettings) -> bool:
-    """Nothing pinned and no save queued or being written: every prompt is in a store and its index."""
-    return all((s.num_held_transfers, s.kv_store_saves_pending) == (0, 0) for s in await _live_stats(cluster, tls))
-
-
-async def _all_saved(cluster, tls: TlsSettings) -> None:
-    await _until(lambda: _saved(cluster, tls), "KV still pinned")
-
-
-async def _idle(cluster, tls: TlsSettings) -> None:
-    """No request running or waiting, no transfer pinned, no KV block in use, on every live worker."""
-    async def idle():
-        return all((s.num_running_requests, s.num_waiting_requests, s.num_held_transfers, s.kv_cache_usage)
-                   == (0, 0, 0, 0.0) for s in await _live_stats(cluster, tls))
-    await _until(idle, "blocks still in use after the request ended")
-
-
-async def _indexed(index: PrefixIndex, cluster, tls: TlsSettings, prompt: list[int], num_blocks: int) -> None:
-    async with mesh_channel(cluster.prefill_addresses[0], tls) as channel:
-        info = await worker_pb2_grpc.WorkerInfoStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
-
-    async def indexed():
-        return len(await index.holders(info.compat, prompt, "")) >= num_blocks
-    await _until(indexed, "prefix never reached the index")
-
-
-async def _left_registry(redis: RedisServer, dead: str, alive: str, tls: TlsSettings) -> None:
-    """A killed worker stops heartbeating: its record expires within the TTL (3 s) plus a poll, and
-    a registry-fed pool (the gateway's) stops offering it."""
-    watcher = RegistryWatcher(RegistrySettings(redis_url=redis.url, redis_password=redis.password, poll_s=0.2),
-                              MESH_TOKEN)
-    await watcher.start()
-    pool = WorkerPool([], [], tls, registry=watcher, mesh_token=MESH_TOKEN)
-    try:
-        async def gone():
-            return dead not in watcher.workers
-        await _until(gone, "dead worker still registered", timeout_s=6.0)
-        assert [w.address for w in await pool.candidates("decode")] == [alive]
-    finally:
-        await watcher.stop()
-        await pool.close()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from pdmesh.baseline import run_in_subprocess
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
 from tests.e2e.conftest import GREEDY, MAX_TOKENS, assert_nothing_pinned, in_process_gateway, worker_stats
+from worker.baseline import run_in_subprocess
 
 pytestmark = pytest.mark.vllm
 MLA_BACKEND = "CPU_MLA"   # vLLM's own choice on AMX CPUs (AMX_MLA) refuses float32 weights

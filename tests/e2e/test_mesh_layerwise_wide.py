@@ -12,12 +12,12 @@ import random
 
 import pytest
 
-from pdmesh.baseline import run_in_subprocess
 from pdmesh.client import generate, make_request
 from pdmesh.cluster import LocalCluster
 from pdmesh.models.tiny import ensure_llama_wide
 from tests.conftest import TEST_MODELS_DIR
 from tests.e2e.conftest import settled_stats, worker_stats
+from worker.baseline import run_in_subprocess
 
 pytestmark = pytest.mark.vllm
 PROMPT = [0] + [random.Random(30).randrange(3, 1000) for _ in range(2047)]

@@ -48,6 +48,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.prefill_delay_s = 0.0   # prefill: answers after this long
         self.finish_with_last_token = False  # decode: the last token and the finish in one message (as vLLM's)
         self.num_info_calls = 0
+        self.prefill_tokens_per_s = 5000.0   # the prompt rate it publishes in its answers (a real engine measures it)
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
         add = worker_pb2_grpc.add_PrefillServicer_to_server if role == "prefill" \
@@ -73,7 +74,8 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         return worker_pb2.PrefillResponse(request_id=request.request_id, kv=common_pb2.KVHandle(
             transfer_id="t-" + request.request_id, kv_address=self.kv_address, block_ids=[0],
             num_tokens=len(request.prompt_token_ids), compat=self.info.compat),
-            num_computed_tokens=len(request.prompt_token_ids), first_token_id=777, first_text="<777>", finish_reason=self.prefill_finish)
+            num_computed_tokens=len(request.prompt_token_ids), first_token_id=777, first_text="<777>",
+            finish_reason=self.prefill_finish, prefill_tokens_per_s=self.prefill_tokens_per_s)
 
     async def Release(self, request, context):
         self.released.append(request.transfer_id)
@@ -111,7 +113,8 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             if i != last:
                 yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
         finish = worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,
-                                           num_cached_tokens=len(request.prompt_token_ids))
+                                           num_cached_tokens=len(request.prompt_token_ids),
+                                           prefill_tokens_per_s=self.prefill_tokens_per_s)
         if last is not None:
             finish.token_ids.append(token_ids[last])
             finish.text = f"<{token_ids[last]}>"

@@ -5,6 +5,7 @@ import pytest
 
 from gateway.pool import Worker, WorkerPool
 from pdmesh.errors import NoWorkerAvailable
+from pdmesh.registry import WorkerRecord
 from tests.gateway.fake_workers import FakeWorker, info
 
 
@@ -106,3 +107,25 @@ async def test_the_model_info_of_a_decode_marked_down_while_listed_is_not_read(m
     live.info = None
     with pytest.raises(NoWorkerAvailable):
         await pool.any_info()
+
+
+async def test_a_registry_record_brings_its_workers_published_prompt_rate():
+    pool = WorkerPool([], [])
+    try:
+        pool.sync_registry([WorkerRecord(role="prefill", address="127.0.0.1:1", prefill_tokens_per_s=2500.0)])
+        (worker,) = pool.workers("prefill")
+        assert worker.prefill_tokens_per_s == 2500.0
+        pool.sync_registry([WorkerRecord(role="prefill", address="127.0.0.1:1")])   # an older worker's: none
+        worker.published_rate(0.0)                                                  # nor in its answers
+        assert worker.prefill_tokens_per_s == 2500.0   # the last rate it published stands
+    finally:
+        await pool.close()
+
+
+async def test_a_worker_taking_both_roles_is_a_candidate_for_either():
+    pool = WorkerPool(["127.0.0.1:1"], ["127.0.0.1:2"], both_addresses=["127.0.0.1:3"])
+    try:
+        assert [w.address for w in pool.workers("prefill")] == ["127.0.0.1:1", "127.0.0.1:3"]
+        assert [w.address for w in pool.workers("decode")] == ["127.0.0.1:2", "127.0.0.1:3"]
+    finally:
+        await pool.close()

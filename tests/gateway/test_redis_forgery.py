@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from gateway.prefix_index import PrefixIndex
+from gateway.prompt_names import PromptNames
 from gateway.server import Gateway
 from kvstore.block_key import block_keys
 from kvstore.redis_index import RedisBlockIndex
@@ -85,7 +86,7 @@ async def test_forged_index_entries_do_not_steer_prefix_aware_routing(redis_serv
                                                                "checksum": 0, "last_use": 1.0, "sig": "0" * 64})
     index = PrefixIndex(redis_server.url, redis_server.password, mesh_token=TOKEN)
     try:
-        assert await index.holders(COMPAT, PROMPT, "tenant-salt") == ["kv-a"] * 2
+        assert await index.holders(COMPAT, PromptNames(PROMPT, "tenant-salt")) == ["kv-a"] * 2
         assert index.num_rejected == 4
     finally:
         index.close()

@@ -5,6 +5,7 @@ import pytest
 
 from gateway.pool import Worker
 from gateway.prefix_index import PrefixIndex
+from gateway.prompt_names import PromptNames
 from gateway.routing import LeastLoaded, PrefixAware, RoundRobin, decode_cost
 from kvstore.block_key import block_keys
 from kvstore.redis_index import RedisBlockIndex
@@ -27,8 +28,8 @@ class FakeIndex:
         self._holders = holders
         self.salts: list[str] = []
 
-    async def holders(self, compat, prompt_token_ids, cache_salt: str) -> list[str]:
-        self.salts.append(cache_salt)
+    async def holders(self, compat, prompt: PromptNames) -> list[str]:
+        self.salts.append(prompt.cache_salt)
         return self._holders
 
 
@@ -36,7 +37,7 @@ async def test_prefix_aware_picks_the_worker_holding_the_prefix():
     a, b = _worker("a"), _worker("b")
     index = FakeIndex(["kv-b"] * 6)
     policy = PrefixAware(index, load_tokens=256)
-    assert await policy.pick_prefill([a, b], PROMPT, "salt") is b
+    assert await policy.pick_prefill([a, b], PromptNames(PROMPT, "salt")) is b
     assert index.salts == ["salt"]
     # cost: a fetches 192 tokens remotely (0.2 each) and computes 8; b computes 8
     assert (policy.prefill_cost(a, 200, index._holders), policy.prefill_cost(b, 200, index._holders)) == (
@@ -46,15 +47,15 @@ async def test_prefix_aware_picks_the_worker_holding_the_prefix():
 async def test_prefix_aware_leaves_a_holder_that_is_busier_than_recomputing():
     a, b = _worker("a"), _worker("b", in_flight=1)
     policy = PrefixAware(FakeIndex(["kv-b"] * 6), load_tokens=256)
-    assert await policy.pick_prefill([a, b], PROMPT, "") is a   # 46.4 < 8 + 256
+    assert await policy.pick_prefill([a, b], PromptNames(PROMPT, "")) is a   # 46.4 < 8 + 256
 
 
 async def test_without_a_cached_prefix_the_least_loaded_wins_then_round_robin():
     a, b = _worker("a", in_flight=2), _worker("b", in_flight=1)
     policy = PrefixAware(FakeIndex([]), load_tokens=256)
-    assert await policy.pick_prefill([a, b], PROMPT, "") is b
+    assert await policy.pick_prefill([a, b], PromptNames(PROMPT, "")) is b
     b.in_flight = 2
-    picks = [await policy.pick_prefill([a, b], PROMPT, "") for _ in range(4)]
+    picks = [await policy.pick_prefill([a, b], PromptNames(PROMPT, "")) for _ in range(4)]
     assert [w.address for w in picks] == ["b", "a", "b", "a"]   # the turn counter moved on the first pick
 
 
@@ -89,8 +90,8 @@ async def test_prefix_index_reads_the_stores_entries_from_redis(redis_server):
     store_index.close()
     index = PrefixIndex(redis_server.url, redis_server.password)
     try:
-        assert await index.holders(COMPAT, PROMPT, "tenant-salt") == ["kv-b"] * 4
-        assert await index.holders(COMPAT, PROMPT, "other-tenant") == []
-        assert await index.holders(COMPAT, PROMPT[:31], "tenant-salt") == []
+        assert await index.holders(COMPAT, PromptNames(PROMPT, "tenant-salt")) == ["kv-b"] * 4
+        assert await index.holders(COMPAT, PromptNames(PROMPT, "other-tenant")) == []
+        assert await index.holders(COMPAT, PromptNames(PROMPT[:31], "tenant-salt")) == []
     finally:
         index.close()

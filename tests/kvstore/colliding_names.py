@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from kvstore.block_hash import HASH_NBYTES
+from pdmesh.kv.block_hash import HASH_NBYTES
 
 
 def tokens_ignored(data: bytes) -> bytes:

@@ -1,5 +1,5 @@
-from kvstore.block_hash import ROOT_PARENT
 from kvstore.block_key import block_keys
+from pdmesh.kv.block_hash import ROOT_PARENT
 
 # Pinned: a change here silently empties every store and index written before it.
 GOLDEN = ["2823cda873084ef4d9a52552a00e0f5a", "caaef4c4c666a231de75c8f10f69dd55"]  # SHA-256 names
@@ -18,8 +18,8 @@ def test_a_salt_gives_another_hash_space():
 
 
 def test_keys_built_from_hashes_computed_once_equal_the_store_keys():
-    from kvstore.block_hash import chain_block_hashes
     from kvstore.block_key import block_keys, keys_of
+    from pdmesh.kv.block_hash import chain_block_hashes
 
     tokens = list(range(3, 3 + 100))  # 3 full blocks of 32 and a partial one
     hashes = chain_block_hashes(b"seed", tokens, 32, b"salt", include_partial=True)

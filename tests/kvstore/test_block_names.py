@@ -1,4 +1,4 @@
-"""Block names (kvstore/block_hash.py) where they cross tenants: SHA-256, and a store that never
+"""Block names (pdmesh/kv/block_hash.py) where they cross tenants: SHA-256, and a store that never
 trusts a name alone. A real xxh3-128 collision is impractical to build here, so the store's paths
 run under a name function that collides on purpose (colliding_names.py): each must still give a
 second prompt none of the first's blocks. And names of the xxh3 era are never read as today's: an
@@ -9,14 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvstore import block_hash, disk_tier
-from kvstore.block_hash import HASH_NBYTES
+from kvstore import disk_tier
 from kvstore.block_store import TieredBlockStore
 from kvstore.redis_index import IndexEntry, RedisBlockIndex
 from kvstore.slab_tier import host_tier
 from kvstore.store_events import BlockPlaced
 from kvstore.store_export import StoreExports
 from pdmesh import compat
+from pdmesh.kv import block_hash
+from pdmesh.kv.block_hash import HASH_NBYTES
 from tests.kvstore.colliding_names import tokens_ignored
 from tests.kvstore.factories import BLOCK_NBYTES, keys, payload, three_tier_store
 
@@ -85,7 +86,7 @@ def test_an_export_to_another_node_holds_nothing_for_another_prompt(colliding_na
 
 def test_an_nvme_tier_written_under_xxh3_names_is_emptied_at_start(tmp_path, monkeypatch):
     with monkeypatch.context() as before:
-        before.setattr(disk_tier, "VERSION", 2)   # the journal format of the xxh3-128 names
+        before.setattr(disk_tier, "VERSION", 2)   # the journal format of the xxh3-128 names (any older one)
         old = three_tier_store(tmp_path, nvme_blocks=4)
         for i, key in enumerate(keys(2)):
             old.put(key, payload(i))

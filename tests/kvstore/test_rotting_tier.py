@@ -8,8 +8,6 @@ from kvstore.block_store import TieredBlockStore
 from kvstore.disk_tier import DiskTier
 from kvstore.rotting_tier import RottingTier
 from kvstore.slab_tier import device_tier, host_tier
-from pdmesh.config import StoreSettings
-from pdmesh.connector.store_agent import build_tiers
 from tests.kvstore.factories import BLOCK_NBYTES, keys, payload
 
 
@@ -47,13 +45,3 @@ def test_blocks_in_the_tiers_that_do_not_rot_read_back_whole(tmp_path):
     assert store.spill("nvme") == 2
     assert [bytes(row) for row in store.read_prefix(k)[0]] == [payload(1), payload(2)]   # from NVMe
     assert not store.corrupt
-
-
-def test_the_store_settings_rot_only_the_tiers_named(tmp_path):
-    settings = StoreSettings(device_bytes=2 * BLOCK_NBYTES, dram_bytes=2 * BLOCK_NBYTES, nvme_dir=str(tmp_path),
-                             nvme_bytes=2 * BLOCK_NBYTES)
-    tiers = build_tiers(settings, BLOCK_NBYTES, "cpu", rot_tiers=["dram"])
-    assert [(t.name, isinstance(t, RottingTier)) for t in tiers] == [("device", False), ("dram", True),
-                                                                    ("nvme", False)]
-    tiers[-1].close()   # frees the NVMe directory for the next tiers
-    assert all(not isinstance(t, RottingTier) for t in build_tiers(settings, BLOCK_NBYTES, "cpu"))

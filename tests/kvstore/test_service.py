@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from decode.kv.kv_port_client import KVPortClient
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.prefix_lookup import BlockSource
@@ -15,10 +16,9 @@ from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import host_tier
 from kvstore.store_export import StoreExports
 from pdmesh.errors import Incompatible, Overloaded
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfers
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
+from prefill.kv.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfers
 from tests.kvstore.factories import BLOCK_NBYTES, BLOCK_SIZE, SEED, keys, payload
 
 COMPAT = common_pb2.CompatInfo(model_fingerprint=SEED.decode(), dtype="float32", block_size=BLOCK_SIZE,
@@ -77,7 +77,7 @@ def test_an_export_holds_the_leading_blocks_held_until_released_on_the_kv_port(n
     k = keys(3)
     a.store.put(k[0], payload(10))
     a.store.put(k[1], payload(11))
-    reader = GrpcKVReceiver(COMPAT, timeout_s=5)
+    reader = KVPortClient(COMPAT, timeout_s=5)
     try:
         transfer_id, num_blocks = client.export(a.server.address, [k[0], k[2], k[1]])
         assert num_blocks == 1  # stops at the first block it lacks

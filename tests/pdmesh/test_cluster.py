@@ -94,3 +94,10 @@ def test_a_second_ctrl_c_during_stop_kills_what_is_left_at_once(tmp_path, ctrl_c
     assert time.monotonic() - started < 5
     assert process.popen.returncode == -signal.SIGKILL
     assert _group_gone(process.popen.pid)
+
+
+def test_workers_taking_both_roles_take_the_cores_in_turn_and_the_split_keeps_its_halves():
+    from pdmesh.cluster import core_of
+
+    assert [core_of("both", i, 2) for i in range(3)] == [0, 1, 0]
+    assert (core_of("prefill", 0, 2), core_of("decode", 0, 2), core_of("decode", 1, 4)) == (0, 1, 3)

@@ -19,8 +19,8 @@ import pytest
 
 from pdmesh import engine_debris
 from pdmesh.cluster import LocalCluster, _Process
-from pdmesh.connector.worker_ext import PDMeshWorkerExtension
 from pdmesh.transport.shm.segments import pid_namespace
+from worker.vllm_ext.worker_ext import PDMeshWorkerExtension
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = "vllm_dist_" + "ab" * 16

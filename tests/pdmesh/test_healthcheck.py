@@ -7,8 +7,8 @@ import asyncio
 import subprocess
 import sys
 
-from pdmesh.engine import free_port
 from pdmesh.grpc_server import AioServer
+from worker.engine import free_port
 
 
 async def _check(port: int) -> int:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from pdmesh.errors import WorkerFailed
-from pdmesh.transport.kv_layout import LayerRegion
+from pdmesh.kv.kv_layout import LayerRegion
 
 logger = logging.getLogger(__name__)
 

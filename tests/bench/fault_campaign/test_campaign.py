@@ -17,7 +17,7 @@ from bench.fault_campaign import campaign
 from bench.fault_campaign.faults import Fault, Trial
 from bench.fault_campaign.load import StreamLoad, Workload
 from bench.fault_campaign.mesh import MeshSpec
-from bench.fault_campaign.stamp import machine, run_stamp
+from bench.stamp import machine, run_stamp
 from pdmesh.v1 import common_pb2, generate_pb2, generate_pb2_grpc
 
 VICTIM, SURVIVOR = "127.0.0.1:6003", "127.0.0.1:6004"

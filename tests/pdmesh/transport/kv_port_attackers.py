@@ -20,7 +20,7 @@ from collections import Counter
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2
 
@@ -52,7 +52,7 @@ class KVPortAttackers:
             self._process.communicate()
 
 
-def _attack(receiver: GrpcKVReceiver, health: health_pb2_grpc.HealthStub, address: str, mode: str) -> None:
+def _attack(receiver: KVPortClient, health: health_pb2_grpc.HealthStub, address: str, mode: str) -> None:
     transfer_id = secrets.token_urlsafe(18)
     if mode == "health":
         health.Check(health_pb2.HealthCheckRequest(), timeout=30)
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--pause_s", type=float, default=0.0)
     args = parser.parse_args()
     compat = common_pb2.CompatInfo.FromString(bytes.fromhex(args.compat_hex))
-    receiver = GrpcKVReceiver(compat, timeout_s=30, auth=MeshAuth(args.mesh_token or None))
+    receiver = KVPortClient(compat, timeout_s=30, auth=MeshAuth(args.mesh_token or None))
     channel = grpc.insecure_channel(args.address)
     health = health_pb2_grpc.HealthStub(channel)
     raised: Counter[str] = Counter()

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from pdmesh.errors import ChecksumMismatch, InvalidRequest
-from pdmesh.transport.checksum import block_checksum
+from pdmesh.kv.checksum import block_checksum
 from pdmesh.transport.chunking import BlockAssembler, iter_block_chunks, iter_chunks, receive_runs, rows_of
 
 

@@ -4,12 +4,12 @@ import grpc
 import numpy as np
 import pytest
 
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import ChecksumMismatch, Incompatible, InvalidRequest, TransferNotFound
 from pdmesh.transport.chunking import iter_block_chunks
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
 from pdmesh.v1 import common_pb2
+from prefill.kv.grpc_kv_server import GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
 
 BLOCK_NBYTES = 3 * 1024 * 1024 + 5  # spans four 1 MiB chunks
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
@@ -52,7 +52,7 @@ def server(held, no_thread_leak):
 
 @pytest.fixture
 def receiver():
-    receiver = GrpcKVReceiver(COMPAT, timeout_s=10)
+    receiver = KVPortClient(COMPAT, timeout_s=10)
     yield receiver
     receiver.close()
 
@@ -71,7 +71,7 @@ def test_mismatched_layout_fails_at_handshake_with_the_differing_fields(server):
     other.CopyFrom(COMPAT)
     other.block_size = 64
     other.dtype = "bfloat16"
-    receiver = GrpcKVReceiver(other)
+    receiver = KVPortClient(other)
     with pytest.raises(Incompatible, match=r"dtype: prefill='float32' decode='bfloat16'; block_size: prefill=32 decode=64"):
         list(receiver.pull(server.address, "t1", [0]))
     receiver.close()
@@ -147,7 +147,7 @@ def test_small_blocks_travel_eight_to_a_message_and_each_is_verified(no_thread_l
                 yield chunk
 
     server = GrpcKVServer(Recording(SMALL_COMPAT, held, lambda ids: _rows(ids, SMALL_NBYTES)), "127.0.0.1", 0)
-    receiver = GrpcKVReceiver(SMALL_COMPAT, timeout_s=10)
+    receiver = KVPortClient(SMALL_COMPAT, timeout_s=10)
     try:
         asked = list(range(19, -1, -1))
         if corrupt:

@@ -4,8 +4,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.tls_certs import make_certs
-
+from decode.kv.kv_port_client import KVPortClient
 from kvstore.block_key import BlockKey
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
@@ -13,14 +12,14 @@ from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import host_tier
 from pdmesh.config import TlsSettings
 from pdmesh.errors import Incompatible, NoWorkerAvailable, TransferNotFound, Unauthenticated, WorkerFailed
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
+from pdmesh.kv.kv_layout import LayerRegion
 from pdmesh.transport.host_id import host_id
-from pdmesh.transport.kv_layout import LayerRegion
 from pdmesh.transport.mesh_auth import MeshAuth
-from pdmesh.transport.shm.exporter import ShmKVExporter
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
+from prefill.kv.grpc_kv_server import ExtraService, GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
+from prefill.kv.shm_exporter import ShmKVExporter
+from tests.tls_certs import make_certs
 
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
                                num_layers=1, block_nbytes=64)
@@ -53,7 +52,7 @@ def held():
 @pytest.fixture
 def served(held, no_thread_leak):
     server = _server(held)
-    receiver = GrpcKVReceiver(COMPAT, timeout_s=5)
+    receiver = KVPortClient(COMPAT, timeout_s=5)
     yield server.address, receiver
     receiver.close()
     server.stop(0)
@@ -72,7 +71,7 @@ def test_another_host_or_a_consumer_without_shm_gets_grpc(served):
 
 
 def test_no_transport_in_common_fails_the_handshake_naming_both_sides(held, no_thread_leak):
-    server, receiver = _server(held, serve_grpc=False), GrpcKVReceiver(COMPAT, timeout_s=5)
+    server, receiver = _server(held, serve_grpc=False), KVPortClient(COMPAT, timeout_s=5)
     try:
         with pytest.raises(Incompatible, match=r"consumer reads with \['grpc', 'mooncake'\], producer offers \['shm'\]"):
             receiver.handshake(server.address, ["mooncake", "grpc"], host_id())
@@ -91,8 +90,8 @@ def test_open_names_the_producers_blocks_with_checksums_and_hashes(served):
 
 def test_without_the_mesh_token_every_kv_and_store_call_is_refused(held, no_thread_leak):
     server = _server(held, auth=MeshAuth(TOKEN))
-    outsider, peer = GrpcKVReceiver(COMPAT, timeout_s=5), GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN))
-    wrong = GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth("guess"))
+    outsider, peer = KVPortClient(COMPAT, timeout_s=5), KVPortClient(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN))
+    wrong = KVPortClient(COMPAT, timeout_s=5, auth=MeshAuth("guess"))
     store = GrpcStoreClient(COMPAT, timeout_s=5)
     try:
         for client in (outsider, wrong):
@@ -141,7 +140,7 @@ def test_with_mesh_tls_only_peers_with_a_certificate_of_the_mesh_ca_get_in(held,
     peer_tls = TlsSettings(cert_file=certs.client_cert, key_file=certs.client_key, ca_file=certs.ca)
     foreign_tls = TlsSettings(cert_file=certs.other_client_cert, key_file=certs.other_client_key, ca_file=certs.ca)
     server = _server(held, auth=MeshAuth(TOKEN, server_tls))
-    clients = {name: GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, tls))
+    clients = {name: KVPortClient(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, tls))
                for name, tls in (("plain", TlsSettings()), ("foreign", foreign_tls), ("peer", peer_tls))}
     store = GrpcStoreClient(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, peer_tls))
     try:
@@ -168,7 +167,7 @@ def test_with_mesh_tls_a_consumer_refuses_a_producer_whose_certificate_names_ano
     impostor = _server(held, auth=MeshAuth(TOKEN, named_elsewhere))
     control = _server(held, auth=MeshAuth(TOKEN, TlsSettings(cert_file=certs.server_cert, key_file=certs.server_key,
                                                              ca_file=certs.ca)))
-    consumer = GrpcKVReceiver(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, peer_tls))
+    consumer = KVPortClient(COMPAT, timeout_s=5, auth=MeshAuth(TOKEN, peer_tls))
     try:
         assert consumer.handshake(control.address, ["grpc"], host_id()).transport == "grpc"
         with pytest.raises((NoWorkerAvailable, WorkerFailed)):  # the certificate names another host: UNAVAILABLE

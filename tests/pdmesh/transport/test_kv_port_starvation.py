@@ -14,19 +14,19 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from decode.kv.grpc_kv_reader import GrpcKVReader
+from decode.kv.kv_links import KVLinks
+from decode.kv.kv_port_client import KVPortClient
 from kvstore.block_store import TieredBlockStore
 from kvstore.client import GrpcStoreClient
 from kvstore.service import SERVICE_NAME, KVStoreServicer
 from kvstore.slab_tier import host_tier
 from pdmesh.errors import DeadlineExceeded, TransferNotFound
-from pdmesh.transport.grpc_kv_reader import GrpcKVReader
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import KV_PORT_BUDGETS, ExtraService, GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
-from pdmesh.transport.kv_links import KVLinks
-from pdmesh.transport.layer_progress import LayerProgress
 from pdmesh.transport.mesh_auth import MeshAuth
 from pdmesh.v1 import common_pb2, kv_store_pb2_grpc
+from prefill.kv.grpc_kv_server import KV_PORT_BUDGETS, ExtraService, GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
+from prefill.kv.layer_progress import LayerProgress
 from tests.pdmesh.blackhole import blackholed_address
 from tests.pdmesh.transport.kv_port_attackers import KVPortAttackers
 
@@ -56,7 +56,7 @@ def producer(no_thread_leak):
                             index=None)
     server = GrpcKVServer(servicer, "127.0.0.1", 0, auth=MeshAuth(TOKEN), extra_services=[
         ExtraService(SERVICE_NAME, kv_store_pb2_grpc.add_KVStoreServicer_to_server, store)])
-    receiver = GrpcKVReceiver(COMPAT, timeout_s=30, auth=MeshAuth(TOKEN))
+    receiver = KVPortClient(COMPAT, timeout_s=30, auth=MeshAuth(TOKEN))
     store_client = GrpcStoreClient(None, timeout_s=30, auth=MeshAuth(TOKEN))
     yield server, receiver, store_client
     store_client.close()
@@ -95,7 +95,7 @@ def _assert_prompt(idle_s: list[float], loaded_s: list[float]) -> None:
                                             f"{', '.join(f'{s * 1e3:.1f}' for s in loaded_s)} ms")
 
 
-def _open_and_pull(receiver: GrpcKVReceiver, address: str) -> None:
+def _open_and_pull(receiver: KVPortClient, address: str) -> None:
     """What a consumer does with a held transfer: an Open (registered-memory transports), a Pull (gRPC)."""
     assert list(receiver.open(address, "t1", [0, 1], "shm").checksums) == [9, 9]
     assert [block.block_hash for block in receiver.pull(address, "t1", [0, 1], verify=False)] == [b"h7", b"h3"]
@@ -159,7 +159,7 @@ def test_a_producer_that_never_answers_does_not_hold_up_handshakes_with_the_othe
     """Before: every handshake of a consumer went through one lock, held while it dialled: a producer
     that accepts connections and never answers held every new handshake for the whole timeout."""
     server, _, _ = producer
-    control = GrpcKVReceiver(COMPAT, timeout_s=3, auth=MeshAuth(TOKEN))
+    control = KVPortClient(COMPAT, timeout_s=3, auth=MeshAuth(TOKEN))
     links = KVLinks(control, [GrpcKVReader(control, lambda ids, rows, layers=None: None)])
 
     def handshake() -> None:  # five at once: one dials, the others wait for it (a lock per producer)

@@ -7,13 +7,13 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from decode.kv.kv_port_client import KVPortClient
 from pdmesh.errors import InvalidRequest, TransferNotFound
-from pdmesh.transport.grpc_kv_receiver import GrpcKVReceiver
-from pdmesh.transport.grpc_kv_server import GrpcKVServer, KVTransferServicer
-from pdmesh.transport.held_transfers import HeldTransfer, HeldTransfers
-from pdmesh.transport.layer_progress import LayerProgress
 from pdmesh.transport.chunking import rows_of
 from pdmesh.v1 import common_pb2
+from prefill.kv.grpc_kv_server import GrpcKVServer, KVTransferServicer
+from prefill.kv.held_transfers import HeldTransfer, HeldTransfers
+from prefill.kv.layer_progress import LayerProgress
 
 NUM_LAYERS, LAYER_NBYTES = 4, 256
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
@@ -34,7 +34,7 @@ def producer(no_thread_leak):
                                   block_checksums=lambda ids: [100 + i for i in ids], progress=progress,
                                   read_layers=_layer_rows, wait_timeout_s=0.2)
     server = GrpcKVServer(servicer, "127.0.0.1", 0)
-    receiver = GrpcKVReceiver(COMPAT, timeout_s=5)
+    receiver = KVPortClient(COMPAT, timeout_s=5)
     yield server.address, receiver, progress, held
     receiver.close()
     server.stop(grace_s=0)

@@ -1,0 +1,123 @@
+"""Per-request placement over workers that can take either role: serve the request whole on one
+worker (local), or compute its prompt on P and decode on D from P's KV (remote), whichever the
+gateway's live view predicts best (issue 32; TaiChi's unified prefill/decode, Dynamo's conditional
+disaggregation generalized to every pair).
+
+For each option the computing worker C (D for local, P for remote) is predicted to take
+  compute = prompt tokens C must compute (minus what its prefix cache likely holds) / C's published rate
+  ttft    = (prompt tokens queued on C) / C's rate + compute (+ the handoff, remote)
+  harm    = compute x the streams running on C: the token delay this prompt inflicts on them
+The choice, in order: an option predicted within the TTFT SLO over one that is not; the least harm
+(a prompt computed where the fewest streams wait for it: under long prompts one worker ends up
+computing for the other, which keeps decoding undisturbed); the soonest first token; the decode
+worker with the fewest streams. Ties keep the listing order (the routing policy's preference first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.disagg import Decision, DisaggCosts, DisaggPolicy, RatedWorker
+from gateway.pool import Worker, WorkerPool
+from gateway.prompt_names import PromptNames
+from gateway.seen_prefixes import SeenPrefixes
+from pdmesh.compat import check_readable
+from pdmesh.errors import Incompatible, NoWorkerAvailable
+
+
+@dataclass(frozen=True)
+class Option:
+    prefill: RatedWorker | None   # computes the prompt and hands its KV over; None: decode computes it
+    decode: RatedWorker
+    ttft_s: float
+    harm_s: float                 # compute seconds x the streams on the computing worker
+    cached_tokens: int            # of the prompt, likely in the computing worker's prefix cache
+    decode_streams: int
+
+    @property
+    def local(self) -> bool:
+        return self.prefill is None
+
+    def decision(self) -> Decision:
+        """As the request's span and answer report it (gateway/disagg.py's Decision)."""
+        measured = self.ttft_s != float("inf")
+        return Decision(self.local, "adaptive" if measured else "unmeasured",
+                        remote_s=0.0 if self.local or not measured else self.ttft_s,
+                        local_s=self.ttft_s if self.local and measured else 0.0,
+                        stall_s=self.harm_s if measured else 0.0,
+                        prefill_cached_tokens=0 if self.local else self.cached_tokens,
+                        decode_cached_tokens=self.cached_tokens if self.local else 0)
+
+
+def readable(prefill: RatedWorker, decode: RatedWorker) -> bool:
+    try:
+        check_readable(prefill.info.compat, decode.info.compat)
+    except Incompatible:
+        return False
+    return True
+
+
+def streams_on(worker) -> int:
+    """Requests the worker is serving now (this gateway's, or what it last reported if more)."""
+    return worker.queue()
+
+
+class Placement:
+    def __init__(self, costs: DisaggCosts, seen: SeenPrefixes, ttft_slo_s: float) -> None:
+        self.costs = costs
+        self.seen = seen
+        self.ttft_slo_s = ttft_slo_s
+
+    def options(self, prompt: PromptNames, prefills: Sequence[RatedWorker],
+                decodes: Sequence[RatedWorker]) -> list[Option]:
+        """Every way to serve the request: whole on each decode-capable worker, or from each other
+        prefill-capable worker's KV. A worker that has published no rate yet is taken to be as fast as
+        the others' mean (the same model on the same kind of machine); none has: every option comes
+        last alike, and the least busy worker serves the request whole (its answer brings its rate)."""
+        workers = {id(w): w for w in [*prefills, *decodes]}.values()
+        rates = [w.prefill_tokens_per_s for w in workers if w.prefill_tokens_per_s > 0]
+        prior = sum(rates) / len(rates) if rates else 0.0
+        found = [self._option(prompt, None, decode, prior) for decode in decodes]
+        return found + [self._option(prompt, prefill, decode, prior) for prefill in prefills for decode in decodes
+                        if prefill is not decode and readable(prefill, decode)]
+
+    def choose(self, options: Sequence[Option]) -> Option:
+        return min(options, key=lambda o: (o.ttft_s > self.ttft_slo_s, round(o.harm_s, 6), o.ttft_s,
+                                           o.decode_streams))
+
+    def record(self, prompt: PromptNames, chosen: Option) -> None:
+        """The workers that now hold the prompt in their prefix caches (computed there or pulled there)."""
+        compat = chosen.decode.info.compat
+        names = prompt.of(compat)
+        self.seen.record(chosen.decode.address, names, compat.block_size)
+        if chosen.prefill is not None:
+            self.seen.record(chosen.prefill.address, names, compat.block_size)
+
+    def _option(self, prompt: PromptNames, prefill: RatedWorker | None, decode: RatedWorker,
+                prior_rate: float) -> Option:
+        computing = decode if prefill is None else prefill
+        rate = computing.prefill_tokens_per_s or prior_rate
+        if rate <= 0:
+            return Option(prefill, decode, float("inf"), float("inf"), 0, streams_on(decode))
+        compat = computing.info.compat
+        cached = self.seen.cached_tokens(computing.address, prompt.of(compat), compat.block_size, len(prompt))
+        compute_s = (len(prompt) - cached) / rate
+        ttft_s = self.costs.queued_tokens[computing.address] / rate + compute_s
+        if prefill is not None:
+            ttft_s += self.costs.handoff_s.value
+        return Option(prefill, decode, ttft_s, compute_s * streams_on(computing), cached, streams_on(decode))
+
+
+async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames,
+                excluded: set[str]) -> tuple[Worker | None, Worker, Decision]:
+    """(prefill or None: served whole, decode, why) of a request's next attempt, every worker and
+    pair weighed; those that failed it (`excluded`) only while no other is up."""
+    prefills = [w for w in await pool.candidates("prefill", excluded) if w.info is not None]
+    decodes = [w for w in await pool.candidates("decode", excluded) if w.info is not None]
+    if not decodes:   # marked down by another request's failed call while this one waited
+        raise NoWorkerAvailable("every decode worker went down")
+    placement = Placement(disagg.costs, disagg.seen, disagg.ttft_slo_s)
+    option = placement.choose(placement.options(prompt, prefills, decodes))
+    placement.record(prompt, option)
+    return option.prefill, option.decode, disagg.count(option.decision())

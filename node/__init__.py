@@ -1,0 +1,1 @@
+"""A mesh worker that takes either role per request: python -m node."""
