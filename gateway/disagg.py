@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.flows import Flows
 from gateway.prompt_names import PromptNames
 from gateway.seen_prefixes import SeenPrefixes
 from pdmesh.v1 import worker_pb2
@@ -108,13 +109,14 @@ class DisaggCosts:
 
 class DisaggPolicy:
     def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float,
-                 seen: SeenPrefixes | None = None, ttft_slo_s: float = 2.5) -> None:
+                 seen: SeenPrefixes | None = None, ttft_slo_s: float = 2.5, tpot_slo_s: float = 0.0) -> None:
         self.name = name
         self.costs = costs
         self.seen = seen or SeenPrefixes()
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
         self.ttft_slo_s = ttft_slo_s
+        self.flows = Flows(tpot_slo_s)   # adaptive: the live streams, and those asked to move
 
     @property
     def adaptive(self) -> bool:

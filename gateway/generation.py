@@ -43,7 +43,8 @@ class MeshGenerator:
         self._metrics = metrics
         self.disagg = DisaggPolicy(settings.disagg_policy,
                                    DisaggCosts(settings.disagg_initial_handoff_s),
-                                   settings.max_local_stall_s, ttft_slo_s=settings.ttft_slo_s)
+                                   settings.max_local_stall_s, ttft_slo_s=settings.ttft_slo_s,
+                                   tpot_slo_s=settings.tpot_slo_s)
         self.admission = Admission(settings.max_in_flight, settings.max_in_flight_per_tenant)
         self._salts = CacheSalts(salt_key(settings.salt_secret, settings.mesh_token))
 
@@ -95,12 +96,19 @@ class MeshGenerator:
         async for response in run.responses():
             timer.on_chunk(len(response.token_ids))
             yield response
-        decision = run.state.decision
-        self._metrics.disagg_decisions.labels("gateway", "local" if decision.local else "remote",
-                                              decision.reason).inc()
+        self._count_placements(run)
         span.set_attributes({**run.span_attributes(), **timer.span_attributes()})
         logger.info("request finished (client's id %r): %d prompt + %d completion tokens, %d failovers",
                     client_request_id, len(prompt_token_ids), len(run.state.generated), run.state.num_failovers)
+
+    def _count_placements(self, run: RequestRun) -> None:
+        decision = run.state.decision
+        self._metrics.disagg_decisions.labels("gateway", "local" if decision.local else "remote",
+                                              decision.reason).inc()
+        for local, num_tokens in run.state.placed:
+            self._metrics.placed_prompt_tokens.labels("gateway", "local" if local else "remote").inc(num_tokens)
+        if run.state.num_moves:
+            self._metrics.streams_moved.labels("gateway").inc(run.state.num_moves)
 
     def _deadline(self, timeout_s: float | None) -> float:
         limit = self._settings.request_timeout_s if timeout_s is None else min(timeout_s,

@@ -31,6 +31,7 @@ class Option:
     prefill: RatedWorker | None   # computes the prompt and hands its KV over; None: decode computes it
     decode: RatedWorker
     ttft_s: float
+    compute_s: float              # of the prompt's tokens not likely cached, on the computing worker
     harm_s: float                 # compute seconds x the streams on the computing worker
     cached_tokens: int            # of the prompt, likely in the computing worker's prefix cache
     decode_streams: int
@@ -38,6 +39,10 @@ class Option:
     @property
     def local(self) -> bool:
         return self.prefill is None
+
+    @property
+    def computing(self) -> RatedWorker:
+        return self.decode if self.prefill is None else self.prefill
 
     def decision(self) -> Decision:
         """As the request's span and answer report it (gateway/disagg.py's Decision)."""
@@ -99,25 +104,32 @@ class Placement:
         computing = decode if prefill is None else prefill
         rate = computing.prefill_tokens_per_s or prior_rate
         if rate <= 0:
-            return Option(prefill, decode, float("inf"), float("inf"), 0, streams_on(decode))
+            return Option(prefill, decode, float("inf"), 0.0, float("inf"), 0, streams_on(decode))
         compat = computing.info.compat
         cached = self.seen.cached_tokens(computing.address, prompt.of(compat), compat.block_size, len(prompt))
         compute_s = (len(prompt) - cached) / rate
         ttft_s = self.costs.queued_tokens[computing.address] / rate + compute_s
         if prefill is not None:
             ttft_s += self.costs.handoff_s.value
-        return Option(prefill, decode, ttft_s, compute_s * streams_on(computing), cached, streams_on(decode))
+        return Option(prefill, decode, ttft_s, compute_s, compute_s * streams_on(computing), cached,
+                      streams_on(decode))
 
 
-async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames,
-                excluded: set[str]) -> tuple[Worker | None, Worker, Decision]:
+async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, excluded: set[str],
+                moving_from: str = "") -> tuple[Worker | None, Worker, Decision]:
     """(prefill or None: served whole, decode, why) of a request's next attempt, every worker and
-    pair weighed; those that failed it (`excluded`) only while no other is up."""
+    pair weighed; those that failed it (`excluded`) only while no other is up. A stream moving off a
+    worker (`moving_from`) is decoded elsewhere (that worker may still hand over its KV); any other
+    request asks the streams its compute would put past the TPOT SLO to move (gateway/flows.py)."""
     prefills = [w for w in await pool.candidates("prefill", excluded) if w.info is not None]
     decodes = [w for w in await pool.candidates("decode", excluded) if w.info is not None]
+    decodes = [w for w in decodes if w.address != moving_from] or decodes
     if not decodes:   # marked down by another request's failed call while this one waited
         raise NoWorkerAvailable("every decode worker went down")
     placement = Placement(disagg.costs, disagg.seen, disagg.ttft_slo_s)
     option = placement.choose(placement.options(prompt, prefills, decodes))
     placement.record(prompt, option)
+    computing = option.computing.address
+    if not moving_from and any(w.address != computing for w in decodes):
+        disagg.flows.ask_at_risk_to_move(computing, option.compute_s, disagg.costs.handoff_s.value)
     return option.prefill, option.decode, disagg.count(option.decision())

@@ -58,7 +58,15 @@ TRANSFER_FROM_CHUNK = {"num_blocks": "kv_blocks_received", "num_bytes": "kv_byte
                        "seconds_after_prefill_done": "kv_seconds_after_prefill_done",
                        "overlap_ratio": "kv_overlap_ratio"}
 TRANSFER_FROM_STATE = ("prefill_computed_tokens", "prefill_cached_tokens", "num_failovers", "resumed_at_token",
-                       "prefill_seconds", "handoff_seconds")
+                       "prefill_seconds", "handoff_seconds", "num_moves")
+
+
+class _Move(Exception):
+    """The stream was asked to move off its worker (gateway/flows.py)."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(f"moving off {worker}")
+        self.worker = worker
 
 
 class _Retry(Exception):
@@ -84,6 +92,7 @@ class RunState:
 
     generated: list[int] = field(default_factory=list)
     num_failovers: int = 0
+    num_moves: int = 0                # to another worker, a prompt's compute on its own at hand (flows.py)
     resumed_at_token: int = 0
     first_prefill: worker_pb2.PrefillResponse | None = None
     prefill_computed_tokens: int = 0
@@ -94,6 +103,7 @@ class RunState:
     decision: Decision | None = None  # of the latest attempt: remote or local prefill, and why
     prefill_seconds: float = 0.0      # the latest attempt's Prefill call, sent to answered
     handoff_seconds: float = 0.0      # from that answer to decode's first token (< 0: the token came first)
+    placed: list[tuple[bool, int]] = field(default_factory=list)   # each attempt's (local, prompt tokens)
 
     def record_prefill(self, response: worker_pb2.PrefillResponse) -> None:
         self.first_prefill = self.first_prefill or response
@@ -116,6 +126,7 @@ class RequestRun:
         self._stream_prefill_token = stream_prefill_token and not layerwise
         self._excluded: set[str] = set()   # workers that failed this request
         self._prefilled_at = 0.0            # monotonic time the latest remote prefill answered
+        self._moving_from = ""              # the worker the next attempt's stream moves off
 
     async def responses(self) -> AsyncIterator[generate_pb2.GenerateResponse]:
         """What the client sees, across failovers: the tokens, and on the last message the usage and
@@ -129,7 +140,8 @@ class RequestRun:
         return {"pdmesh.route.prefill": state.prefill.address if state.prefill else "",
                 "pdmesh.route.decode": state.decode.address if state.decode else "",
                 **(state.decision.span_attributes() if state.decision else {}),
-                "pdmesh.failovers": state.num_failovers, "pdmesh.completion_tokens": len(state.generated)}
+                "pdmesh.failovers": state.num_failovers, "pdmesh.moves": state.num_moves,
+                "pdmesh.completion_tokens": len(state.generated)}
 
     def _response_of(self, chunk: worker_pb2.DecodeResponse) -> generate_pb2.GenerateResponse:
         state = self.state
@@ -156,13 +168,19 @@ class RequestRun:
         return response
 
     async def _chunks(self) -> AsyncIterator[worker_pb2.DecodeResponse]:
-        """The decode stream, across failovers."""
+        """The decode stream, across failovers and moves."""
         last_failure: errors.PDMeshError | None = None
-        for attempt in range(1, self._max_attempts + 1):
+        while self.state.num_failovers < self._max_attempts:
             try:
                 async for chunk in self._attempt():
                     yield chunk
                 return
+            except _Move as move:
+                logger.info("request %s: %s after %d tokens", self.request.request_id, move,
+                            len(self.state.generated))
+                self.state.num_moves += 1
+                self.state.resumed_at_token = len(self.state.generated)
+                self._moving_from = move.worker
             except _Retry as retry:
                 logger.warning("request %s: %s; retrying elsewhere after %d tokens", self.request.request_id,
                                retry.error, len(self.state.generated))
@@ -184,20 +202,32 @@ class RequestRun:
             return
         names = PromptNames(prompt, self.request.cache_salt)   # hashed once, for routing and the policy
         state.decode, state.prefill_seconds, state.handoff_seconds = None, 0.0, 0.0   # the latest attempt's
-        placed = (place(self._pool, self._disagg, names, self._excluded) if self._disagg.adaptive
+        adaptive = self._disagg.adaptive
+        placed = (place(self._pool, self._disagg, names, self._excluded, self._moving_from) if adaptive
                   else self._route(names, len(prompt) + num_left))
         prefill, decode, state.decision = await placed
+        self._moving_from = ""
         state.prefill = None if state.decision.local else prefill
+        state.placed.append((state.decision.local, len(prompt)))
         if state.decision.local:
             chunks = self._local_chunks(decode, prompt)
         elif self._layerwise:
             chunks = self._layerwise_chunks(prefill, decode, prompt)
         else:
             chunks = self._pull_chunks(prefill, decode, prompt, num_left)
-        async with aclosing(chunks):
-            async for chunk in chunks:
-                state.generated += chunk.token_ids
-                yield chunk
+        stream = self._disagg.flows.open(decode.address, num_left, movable=state.num_moves == 0) if adaptive else None
+        try:
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    state.generated += chunk.token_ids
+                    yield chunk
+                    if stream is not None:
+                        stream.on_tokens(len(chunk.token_ids), time.monotonic())
+                        if stream.move_asked and not chunk.finish_reason:
+                            raise _Move(decode.address)   # closing `chunks` cancels this attempt's calls
+        finally:
+            if stream is not None:
+                self._disagg.flows.close(stream)
 
     async def _pull_chunks(self, prefill: Worker, decode: Worker, prompt: list[int],
                            num_left: int) -> AsyncIterator[worker_pb2.DecodeResponse]:
@@ -369,7 +399,7 @@ class RequestRun:
 
     def _attempt_id(self) -> str:
         """Engines need a fresh id per attempt (a failed one may still be known to a live worker)."""
-        n = self.state.num_failovers
+        n = self.state.num_failovers + self.state.num_moves
         return self.request.request_id if n == 0 else f"{self.request.request_id}-retry{n}"
 
     def _seconds_left(self) -> float:

@@ -365,6 +365,9 @@ class GatewaySettings(_LayeredSettings):
     # predicted TTFT and the stall it inflicts on running streams (gateway/placement.py)
     disagg_policy: Literal["remote", "local", "conditional", "adaptive"] = "remote"
     ttft_slo_s: float = 2.5                 # adaptive: options predicted past it are taken last
+    # adaptive: a stream whose mean TPOT a prompt computed on its worker would take past tpot_slo_s moves to
+    # another worker (flowing decodes, gateway/flows.py); 0 turns moving off
+    tpot_slo_s: float = Field(0.06, ge=0)
     max_local_stall_s: float = 0.1          # conditional: a busy decode prefills locally only if its streams wait <= this
     disagg_initial_handoff_s: float = 0.02         # conditional: prefill response -> decode's first token, until measured
     # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".

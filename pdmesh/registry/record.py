@@ -12,7 +12,7 @@ from pdmesh.mesh_signing import EntrySigner
 from pdmesh.registry.keys import record_key
 from pdmesh.v1.worker_pb2 import WorkerRecord
 
-ROLES = ("prefill", "decode")
+ROLES = ("prefill", "decode", "both")   # both: a worker taking either role per request (python -m node)
 SIGNATURE_FIELD = "signature"
 
 
@@ -73,8 +73,8 @@ def _checked(record: WorkerRecord) -> WorkerRecord:
         raise ValueError(f"role must be one of {ROLES}, not {record.role!r}")
     if not record.address:
         raise ValueError("no address")
-    if record.role == "prefill" and not record.kv_address:
-        raise ValueError("a prefill record without its kv_address")
+    if record.role in ("prefill", "both") and not record.kv_address:
+        raise ValueError(f"a {record.role} record without its kv_address")
     if not 0.0 <= record.kv_cache_usage <= 1.0:  # NaN too: it would poison the routing cost
         raise ValueError(f"kv_cache_usage {record.kv_cache_usage} outside 0..1")
     return record

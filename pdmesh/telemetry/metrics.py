@@ -59,6 +59,13 @@ class MeshMetrics:
         self.disagg_decisions = Counter("pdmesh_disagg_decisions", "Where requests' prompts were computed "
                                         "(remote: a prefill worker; local: the decode worker), and why",
                                         ["role", "decision", "reason"], registry=r)
+        self.placed_prompt_tokens = Counter("pdmesh_placed_prompt_tokens", "Prompt tokens by where placement "
+                                            "had them computed (remote: another worker than the decoding one; "
+                                            "local: the decoding one): the effective P:D mix",
+                                            ["role", "where"], registry=r)
+        self.streams_moved = Counter("pdmesh_streams_moved", "Decode streams moved to another worker mid-flight "
+                                     "because a prompt computed on theirs would break their TPOT SLO", ["role"],
+                                     registry=r)
         self.healthy = Gauge("pdmesh_worker_healthy", "1 while the process serves", ["role"], registry=r)
         self.redis_rejected = Gauge("pdmesh_redis_rejected_entries", "Entries read from Redis and ignored so far: "
                                     "no valid mesh signature, or not under their own key", ["role", "source"],

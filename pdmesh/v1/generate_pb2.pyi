@@ -46,7 +46,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ...) -> None: ...
 
 class TransferStats(_message.Message):
-    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker", "first_block_seconds", "prefill_computed_tokens", "prefill_cached_tokens", "prefill_store_tokens", "num_failovers", "resumed_at_token", "local_prefill", "layerwise", "seconds_before_prefill_done", "seconds_after_prefill_done", "overlap_ratio", "prefill_seconds", "handoff_seconds")
+    __slots__ = ("num_blocks", "num_bytes", "seconds", "num_cached_tokens", "prefill_worker", "decode_worker", "first_block_seconds", "prefill_computed_tokens", "prefill_cached_tokens", "prefill_store_tokens", "num_failovers", "resumed_at_token", "local_prefill", "layerwise", "seconds_before_prefill_done", "seconds_after_prefill_done", "overlap_ratio", "prefill_seconds", "handoff_seconds", "num_moves")
     class PrefillStoreTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class TransferStats(_message.Message):
     OVERLAP_RATIO_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_MOVES_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     num_bytes: int
     seconds: float
@@ -92,7 +93,8 @@ class TransferStats(_message.Message):
     overlap_ratio: float
     prefill_seconds: float
     handoff_seconds: float
-    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., first_block_seconds: _Optional[float] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., prefill_store_tokens: _Optional[_Mapping[str, int]] = ..., num_failovers: _Optional[int] = ..., resumed_at_token: _Optional[int] = ..., local_prefill: _Optional[bool] = ..., layerwise: _Optional[bool] = ..., seconds_before_prefill_done: _Optional[float] = ..., seconds_after_prefill_done: _Optional[float] = ..., overlap_ratio: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., handoff_seconds: _Optional[float] = ...) -> None: ...
+    num_moves: int
+    def __init__(self, num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., first_block_seconds: _Optional[float] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., prefill_store_tokens: _Optional[_Mapping[str, int]] = ..., num_failovers: _Optional[int] = ..., resumed_at_token: _Optional[int] = ..., local_prefill: _Optional[bool] = ..., layerwise: _Optional[bool] = ..., seconds_before_prefill_done: _Optional[float] = ..., seconds_after_prefill_done: _Optional[float] = ..., overlap_ratio: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., handoff_seconds: _Optional[float] = ..., num_moves: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

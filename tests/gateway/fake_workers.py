@@ -46,6 +46,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.layerwise_prefill: FakeWorker | None = None  # decode: the prefill a layer-wise request waits on
         self.decode_status: tuple | None = None  # decode: aborts every call with these context.abort arguments
         self.prefill_delay_s = 0.0   # prefill: answers after this long
+        self.token_delay_s = 0.0     # decode: waits this long before each token
         self.finish_with_last_token = False  # decode: the last token and the finish in one message (as vLLM's)
         self.num_info_calls = 0
         self.prefill_tokens_per_s = 5000.0   # the prompt rate it publishes in its answers (a real engine measures it)
@@ -108,6 +109,8 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         cut = self.num_calls_to_cut > 0
         self.num_calls_to_cut -= cut
         for i, token_id in enumerate(token_ids):
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
             if i == self.fail_after or cut and i == 1:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died mid-stream")
             if i != last:

@@ -35,10 +35,15 @@ def test_fields_a_newer_worker_adds_are_ignored_and_a_zero_load_is_written_out()
     assert (idle["num_running"], idle["kv_cache_usage"]) == (0, 0.0)
 
 
+def test_a_worker_taking_both_roles_is_listed_with_its_kv_server():
+    assert decode_record(encode_record(_record(role="both"))) == _record(role="both")
+
+
 @pytest.mark.parametrize("text", [
     "{not json", "[1, 2]", "\"a string\"", b"\xff\xfe",
     json.dumps({"role": "prefill"}),                                                    # no address
     json.dumps({"role": "prefill", "address": "a:1"}),                                  # a prefill without KV server
+    json.dumps({"role": "both", "address": "a:1"}),                                     # so is a worker taking both
     encode_record(_record()).replace('"max_num_seqs": 64', '"max_num_seqs": "many"'),   # wrong type
     encode_record(_record()).replace('"max_num_seqs": 64', '"max_num_seqs": true'),     # bool is no int
     encode_record(_record()).replace('"max_num_seqs": 64', '"max_num_seqs": 1.5'),
