@@ -20,6 +20,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from bench.serving.lor_proxy import relay
+
 
 def make_app(prefill_url: str, decode_url: str) -> web.Application:
     app = web.Application()
@@ -40,13 +42,7 @@ def make_app(prefill_url: str, decode_url: str) -> web.Application:
                                     content_type="application/json")
             await prefilled.read()
         async with session.post(f"{decode_url}/v1/completions", json=body) as decoded:
-            response = web.StreamResponse(status=decoded.status,
-                                          headers={"Content-Type": decoded.headers.get("Content-Type", "")})
-            await response.prepare(request)
-            async for data in decoded.content.iter_any():
-                await response.write(data)
-            await response.write_eof()
-            return response
+            return await relay(decoded, request)
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="ok")

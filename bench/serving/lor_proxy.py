@@ -19,6 +19,17 @@ FORWARDED = ("/v1/completions", "/v1/chat/completions")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
+async def relay(answer: aiohttp.ClientResponse, request: web.Request) -> web.StreamResponse:
+    """A backend's answer, streamed to the client as it comes."""
+    response = web.StreamResponse(status=answer.status,
+                                  headers={"Content-Type": answer.headers.get("Content-Type", "")})
+    await response.prepare(request)
+    async for data in answer.content.iter_any():
+        await response.write(data)
+    await response.write_eof()
+    return response
+
+
 class LeastOutstanding:
     def __init__(self, backends: list[str]) -> None:
         self.outstanding = dict.fromkeys(backends, 0)
@@ -46,13 +57,7 @@ def make_app(backends: list[str]) -> web.Application:
         try:
             async with request.app[SESSION].post(f"{backend}{request.path}", data=await request.read(),
                                                    headers={"Content-Type": "application/json"}) as answer:
-                response = web.StreamResponse(status=answer.status,
-                                              headers={"Content-Type": answer.headers.get("Content-Type", "")})
-                await response.prepare(request)
-                async for data in answer.content.iter_any():
-                    await response.write(data)
-                await response.write_eof()
-                return response
+                return await relay(answer, request)
         finally:
             chooser.outstanding[backend] -= 1
 
