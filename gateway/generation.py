@@ -18,7 +18,8 @@ from gateway.admission import Admission
 from gateway.cache_salt import CacheSalts, salt_key
 from gateway.disagg import DisaggCosts, DisaggPolicy
 from gateway.pool import WorkerPool
-from gateway.request_run import MeshRequest, RequestRun
+from gateway.request_run import RequestRun
+from gateway.run_state import MeshRequest
 from gateway.routing import RoutePolicy
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.config import GatewaySettings

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from kvstore.rotting_tier import RottingTier
-from pdmesh.config import KVFaultSettings
+from pdmesh.fault_settings import KVFaultSettings
 from pdmesh.kv.fault_hooks import NO_FAULTS, KVFaultHooks
 from pdmesh.transport.kv_transport import ReadOptions
 
