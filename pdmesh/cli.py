@@ -79,7 +79,7 @@ def _up(args: argparse.Namespace) -> int:
     worker_args = [*redis, "--store.redis_url", args.redis_url] if args.redis_url else []
     gateway_args = ["--first_token_from", args.first_token_from, "--http_port", str(args.http_port), *redis,
                     *(["--kv_index_redis_url", args.redis_url] if args.redis_url else []),
-                    *([] if static else ["--disagg_policy", "conditional"])]
+                    *([] if static else ["--disagg_policy", "adaptive"])]
     with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill if static else 0,
                       num_decode=args.decode if static else 0, num_both=args.workers,
                       telemetry_args=_telemetry_flags(args), worker_args=worker_args,
