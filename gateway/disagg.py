@@ -109,14 +109,13 @@ class DisaggCosts:
 
 class DisaggPolicy:
     def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float,
-                 seen: SeenPrefixes | None = None, ttft_slo_s: float = 2.5, tpot_slo_s: float = 0.0) -> None:
+                 seen: SeenPrefixes | None = None) -> None:
         self.name = name
         self.costs = costs
         self.seen = seen or SeenPrefixes()
         self._max_local_stall_s = max_local_stall_s
         self.decisions: Counter[tuple[bool, str]] = Counter()
-        self.ttft_slo_s = ttft_slo_s
-        self.flows = Flows(tpot_slo_s)   # adaptive: the live streams, and those asked to move
+        self.flows = Flows()   # adaptive: the live streams, and those asked to move
 
     @property
     def adaptive(self) -> bool:

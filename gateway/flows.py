@@ -4,7 +4,7 @@ failover path: the client sees each token once).
 
 A prompt computed on worker C delays every stream C decodes by about its compute time: vLLM runs the
 prompt's chunks in the steps that make those streams' tokens. When placement sends a prompt's
-compute to C, each stream on C whose mean TPOT that delay would take past the SLO, spread over the
+compute to C, each stream on C whose mean TPOT that delay would take past its SLO, spread over the
 tokens it may still make, is asked to move, if the delay is longer than a move takes (the handoff
 the gateway has measured) and another worker can decode it. A stream moves at most once: under
 load, the worker that took the prompt keeps computing while the others keep decoding.
@@ -22,6 +22,7 @@ class Stream:
 
     worker: str                 # the address decoding it
     num_left: int               # tokens it may still make (max_tokens left)
+    tpot_slo_s: float = 0.0     # its request's (0: none: never moved)
     movable: bool = True        # not yet moved (a request moves at most once)
     num_tokens: int = 0         # made in this attempt so far
     first_token_at: float = 0.0
@@ -53,12 +54,11 @@ class Stream:
 class Flows:
     """The gateway's live decode streams, by worker; asks those at risk to move."""
 
-    tpot_slo_s: float
     streams: dict[str, set[Stream]] = field(default_factory=lambda: defaultdict(set))
     moves_asked: int = 0
 
-    def open(self, worker: str, num_left: int, movable: bool) -> Stream:
-        stream = Stream(worker, num_left, movable)
+    def open(self, worker: str, num_left: int, tpot_slo_s: float, movable: bool) -> Stream:
+        stream = Stream(worker, num_left, tpot_slo_s, movable)
         self.streams[worker].add(stream)
         return stream
 
@@ -69,13 +69,18 @@ class Flows:
             if not on_worker:
                 del self.streams[stream.worker]
 
+    def tpot_s(self, worker: str) -> float:
+        """The mean TPOT of the streams `worker` decodes now (0: none has made two tokens yet)."""
+        measured = [s.tpot_s() for s in self.streams.get(worker, ()) if s.num_tokens >= 2]
+        return sum(measured) / len(measured) if measured else 0.0
+
     def ask_at_risk_to_move(self, worker: str, stall_s: float, move_s: float) -> int:
-        """Asks the streams on `worker` that a `stall_s` delay would take past the TPOT SLO to move
+        """Asks the streams on `worker` that a `stall_s` delay would take past their TPOT SLO to move
         (when moving, `move_s`, costs less than the stall); returns how many were asked."""
-        if self.tpot_slo_s <= 0 or stall_s <= move_s:
+        if stall_s <= move_s:
             return 0
         at_risk = [s for s in self.streams.get(worker, ()) if s.movable and not s.move_asked and s.num_tokens >= 2
-                   and s.num_left > 1 and s.tpot_after_stall_s(stall_s) > self.tpot_slo_s]
+                   and s.num_left > 1 and 0 < s.tpot_slo_s < s.tpot_after_stall_s(stall_s)]
         for stream in at_risk:
             stream.move_asked = True
         self.moves_asked += len(at_risk)

@@ -20,6 +20,7 @@ from gateway.disagg import DisaggCosts, DisaggPolicy
 from gateway.pool import WorkerPool
 from gateway.request_run import RequestRun
 from gateway.run_state import MeshRequest
+from gateway.slo import request_slo
 from gateway.routing import RoutePolicy
 from gateway.tokenizer import PromptTokenizer
 from pdmesh.config import GatewaySettings
@@ -44,8 +45,7 @@ class MeshGenerator:
         self._metrics = metrics
         self.disagg = DisaggPolicy(settings.disagg_policy,
                                    DisaggCosts(settings.disagg_initial_handoff_s),
-                                   settings.max_local_stall_s, ttft_slo_s=settings.ttft_slo_s,
-                                   tpot_slo_s=settings.tpot_slo_s)
+                                   settings.max_local_stall_s)
         self.admission = Admission(settings.max_in_flight, settings.max_in_flight_per_tenant)
         self._salts = CacheSalts(salt_key(settings.salt_secret, settings.mesh_token))
 
@@ -87,7 +87,8 @@ class MeshGenerator:
         info = await self._pool.any_info()
         prompt_token_ids = await self._prompt_token_ids(request, info)
         mesh_request = MeshRequest(mesh_request_id, prompt_token_ids, request.sampling,
-                                   self._salts.salt_of(tenant, request.cache_salt), client_request_id)
+                                   self._salts.salt_of(tenant, request.cache_salt), client_request_id,
+                                   request_slo(self._settings, tenant, request.slo))
         run = RequestRun(self._pool, self._policy, self.disagg, mesh_request, self._deadline(timeout_s),
                          self._settings.max_attempts, self._settings.first_token_from == "prefill",
                          layerwise=self._settings.kv_flow == "layerwise")

@@ -24,6 +24,13 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
+class RequestSloBody(BaseModel):
+    """{"ttft_s": 1.0, "tpot_s": 0.025}: a field left out is the tenant's or the gateway's."""
+    model_config = ConfigDict(extra="forbid")
+    ttft_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    tpot_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
 class _GenerationRequest(BaseModel):
     """Fields both endpoints share; unknown fields are ignored."""
     model_config = ConfigDict(extra="ignore")
@@ -41,6 +48,7 @@ class _GenerationRequest(BaseModel):
     ignore_eos: bool = False       # vLLM extension
     return_token_ids: bool = False  # vLLM extension
     cache_salt: str | None = None   # vLLM extension
+    slo: RequestSloBody | None = None   # pdmesh extension: the latency this request asks for
     user: str | None = None         # accepted, ignored
 
     @property
@@ -189,8 +197,9 @@ def _generate_request(body: _GenerationRequest, request_id: str, max_tokens: int
         stop=_stop_list(body.stop), ignore_eos=body.ignore_eos)
     if body.seed is not None:
         sampling.seed = body.seed
+    slo = generate_pb2.Slo(ttft_s=body.slo.ttft_s, tpot_s=body.slo.tpot_s) if body.slo else None
     return generate_pb2.GenerateRequest(request_id=request_id, model=body.model, sampling=sampling,
-                                        cache_salt=body.cache_salt or "")
+                                        cache_salt=body.cache_salt or "", slo=slo)
 
 
 def _or(value: float | None, default: float) -> float:

@@ -6,11 +6,13 @@ disaggregation generalized to every pair).
 For each option the computing worker C (D for local, P for remote) is predicted to take
   compute = prompt tokens C must compute (minus what its prefix cache likely holds) / C's published rate
   ttft    = (prompt tokens queued on C) / C's rate + compute (+ the handoff, remote)
+  tpot    = the mean TPOT of the streams D decodes now: what the request's own tokens will see
   harm    = compute x the streams running on C: the token delay this prompt inflicts on them
-The choice, in order: an option predicted within the TTFT SLO over one that is not; the least harm
-(a prompt computed where the fewest streams wait for it: under long prompts one worker ends up
-computing for the other, which keeps decoding undisturbed); the soonest first token; the decode
-worker with the fewest streams. Ties keep the listing order (the routing policy's preference first).
+The choice, in order: an option predicted within the request's TTFT SLO, then within its TPOT SLO
+(gateway/slo.py), over one that is not; the least harm (a prompt computed where the fewest streams
+wait for it: under long prompts one worker ends up computing for the other, which keeps decoding
+undisturbed); the soonest first token; the decode worker with the fewest streams. Ties keep the
+listing order (the routing policy's preference first).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.disagg import Decision, DisaggCosts, DisaggPolicy, RatedWorker
+from gateway.flows import Flows
 from gateway.pool import Worker, WorkerPool
 from gateway.prompt_names import PromptNames
 from gateway.seen_prefixes import SeenPrefixes
+from gateway.slo import RequestSlo
 from pdmesh.compat import check_readable
 from pdmesh.errors import Incompatible, NoWorkerAvailable
 
@@ -31,6 +35,7 @@ class Option:
     prefill: RatedWorker | None   # computes the prompt and hands its KV over; None: decode computes it
     decode: RatedWorker
     ttft_s: float
+    tpot_s: float                 # predicted for the request's own tokens on its decode worker
     compute_s: float              # of the prompt's tokens not likely cached, on the computing worker
     harm_s: float                 # compute seconds x the streams on the computing worker
     cached_tokens: int            # of the prompt, likely in the computing worker's prefix cache
@@ -69,10 +74,11 @@ def streams_on(worker) -> int:
 
 
 class Placement:
-    def __init__(self, costs: DisaggCosts, seen: SeenPrefixes, ttft_slo_s: float) -> None:
+    def __init__(self, costs: DisaggCosts, seen: SeenPrefixes, flows: Flows, slo: RequestSlo) -> None:
         self.costs = costs
         self.seen = seen
-        self.ttft_slo_s = ttft_slo_s
+        self.flows = flows
+        self.slo = slo
 
     def options(self, prompt: PromptNames, prefills: Sequence[RatedWorker],
                 decodes: Sequence[RatedWorker]) -> list[Option]:
@@ -88,8 +94,9 @@ class Placement:
                         if prefill is not decode and readable(prefill, decode)]
 
     def choose(self, options: Sequence[Option]) -> Option:
-        return min(options, key=lambda o: (o.ttft_s > self.ttft_slo_s, round(o.harm_s, 6), o.ttft_s,
-                                           o.decode_streams))
+        tpot_slo_s = self.slo.tpot_s or float("inf")
+        return min(options, key=lambda o: (o.ttft_s > self.slo.ttft_s, o.tpot_s > tpot_slo_s, round(o.harm_s, 6),
+                                           o.ttft_s, o.decode_streams))
 
     def record(self, prompt: PromptNames, chosen: Option) -> None:
         """The workers that now hold the prompt in their prefix caches (computed there or pulled there)."""
@@ -104,18 +111,19 @@ class Placement:
         computing = decode if prefill is None else prefill
         rate = computing.prefill_tokens_per_s or prior_rate
         if rate <= 0:
-            return Option(prefill, decode, float("inf"), 0.0, float("inf"), 0, streams_on(decode))
+            return Option(prefill, decode, float("inf"), 0.0, 0.0, float("inf"), 0, streams_on(decode))
         compat = computing.info.compat
         cached = self.seen.cached_tokens(computing.address, prompt.of(compat), compat.block_size, len(prompt))
         compute_s = (len(prompt) - cached) / rate
         ttft_s = self.costs.queued_tokens[computing.address] / rate + compute_s
         if prefill is not None:
             ttft_s += self.costs.handoff_s.value
-        return Option(prefill, decode, ttft_s, compute_s, compute_s * streams_on(computing), cached,
+        return Option(prefill, decode, ttft_s, self.flows.tpot_s(decode.address), compute_s,
+                      compute_s * streams_on(computing), cached,
                       streams_on(decode))
 
 
-async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, excluded: set[str],
+async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, excluded: set[str], slo: RequestSlo,
                 moving_from: str = "") -> tuple[Worker | None, Worker, Decision]:
     """(prefill or None: served whole, decode, why) of a request's next attempt, every worker and
     pair weighed; those that failed it (`excluded`) only while no other is up. A stream moving off a
@@ -126,7 +134,7 @@ async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, exc
     decodes = [w for w in decodes if w.address != moving_from] or decodes
     if not decodes:   # marked down by another request's failed call while this one waited
         raise NoWorkerAvailable("every decode worker went down")
-    placement = Placement(disagg.costs, disagg.seen, disagg.ttft_slo_s)
+    placement = Placement(disagg.costs, disagg.seen, disagg.flows, slo)
     option = placement.choose(placement.options(prompt, prefills, decodes))
     placement.record(prompt, option)
     computing = option.computing.address

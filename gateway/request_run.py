@@ -131,7 +131,8 @@ class RequestRun:
         names = PromptNames(prompt, self.request.cache_salt)   # hashed once, for routing and the policy
         state.decode, state.prefill_seconds, state.handoff_seconds = None, 0.0, 0.0   # the latest attempt's
         adaptive = self._disagg.adaptive
-        placed = (place(self._pool, self._disagg, names, self._excluded, self._moving_from) if adaptive
+        placed = (place(self._pool, self._disagg, names, self._excluded, self.request.slo,
+                        self._moving_from) if adaptive
                   else self._route(names, len(prompt) + num_left))
         prefill, decode, state.decision = await placed
         self._moving_from = ""
@@ -143,7 +144,8 @@ class RequestRun:
             chunks = self._layerwise_chunks(prefill, decode, prompt)
         else:
             chunks = self._pull_chunks(prefill, decode, prompt, num_left)
-        stream = self._disagg.flows.open(decode.address, num_left, movable=state.num_moves == 0) if adaptive else None
+        stream = (self._disagg.flows.open(decode.address, num_left, self.request.slo.tpot_s,
+                                          movable=state.num_moves == 0) if adaptive else None)
         try:
             async with aclosing(chunks):
                 async for chunk in chunks:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from gateway.disagg import Decision
 from gateway.pool import Worker
+from gateway.slo import RequestSlo
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 
 # The final answer's TransferStats: its fields from decode's last message, and from the run's state.
@@ -29,6 +30,7 @@ class MeshRequest:
     sampling: common_pb2.SamplingParams
     cache_salt: str
     client_request_id: str   # the id the client chose: a label, echoed back, never sent to a worker
+    slo: RequestSlo = RequestSlo(2.5, 0.0)
 
 
 @dataclass

@@ -77,6 +77,13 @@ class StoreSettings(BaseModel):
     load_budget_min_s: float = 0.05
 
 
+class SloSettings(BaseModel):
+    """A tenant's latency targets (None: the gateway's)."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, ge=0)
+
+
 class TlsSettings(BaseModel):
     """Mutual TLS on the gateway-worker links: PEM files. A worker with cert+key serves TLS and, given
     ca_file, requires client certificates signed by it; the gateway dials with its own cert+key and
@@ -345,10 +352,12 @@ class GatewaySettings(_LayeredSettings):
     # adaptive: over workers taking both roles, each request served whole or split over a pair, from
     # predicted TTFT and the stall it inflicts on running streams (gateway/placement.py)
     disagg_policy: Literal["remote", "local", "conditional", "adaptive"] = "remote"
-    ttft_slo_s: float = 2.5                 # adaptive: options predicted past it are taken last
-    # adaptive: a stream whose mean TPOT a prompt computed on its worker would take past tpot_slo_s moves to
-    # another worker (flowing decodes, gateway/flows.py); 0 turns moving off
+    # adaptive: options predicted past a request's TTFT or TPOT SLO are taken last, and a stream whose mean TPOT
+    # a prompt computed on its worker would take past its SLO moves to another (gateway/flows.py; 0: no TPOT
+    # SLO). Per tenant: {"tenant": {"ttft_s": 1.0, "tpot_s": 0.025}}; a request may ask its own (its `slo`).
+    ttft_slo_s: float = Field(2.5, gt=0)
     tpot_slo_s: float = Field(0.06, ge=0)
+    tenant_slos: dict[str, SloSettings] = Field(default_factory=dict)
     max_local_stall_s: float = 0.1          # conditional: a busy decode prefills locally only if its streams wait <= this
     disagg_initial_handoff_s: float = 0.02         # conditional: prefill response -> decode's first token, until measured
     # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/generate.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\xb9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.pdmesh.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\tB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc4\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.pdmesh.v1.Usage\x12*\n\x08transfer\x18\x06 \x01(\x0b\x32\x18.pdmesh.v1.TransferStats\"\xf9\x04\n\rTransferStats\x12\x12\n\nnum_blocks\x18\x01 \x01(\x05\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\x12\x16\n\x0eprefill_worker\x18\x05 \x01(\t\x12\x15\n\rdecode_worker\x18\x06 \x01(\t\x12\x1b\n\x13\x66irst_block_seconds\x18\x07 \x01(\x01\x12\x1f\n\x17prefill_computed_tokens\x18\x08 \x01(\x05\x12\x1d\n\x15prefill_cached_tokens\x18\t \x01(\x05\x12N\n\x14prefill_store_tokens\x18\n \x03(\x0b\x32\x30.pdmesh.v1.TransferStats.PrefillStoreTokensEntry\x12\x15\n\rnum_failovers\x18\x0b \x01(\x05\x12\x18\n\x10resumed_at_token\x18\x0c \x01(\x05\x12\x15\n\rlocal_prefill\x18\r \x01(\x08\x12\x11\n\tlayerwise\x18\x0e \x01(\x08\x12#\n\x1bseconds_before_prefill_done\x18\x0f \x01(\x01\x12\"\n\x1aseconds_after_prefill_done\x18\x10 \x01(\x01\x12\x15\n\roverlap_ratio\x18\x11 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x12 \x01(\x01\x12\x17\n\x0fhandoff_seconds\x18\x13 \x01(\x01\x12\x11\n\tnum_moves\x18\x14 \x01(\x05\x1a\x39\n\x17PrefillStoreTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x13\n\x11ListModelsRequest\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.pdmesh.v1.ModelCard\".\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x32\x9e\x01\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.pdmesh.v1.GenerateRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12I\n\nListModels\x12\x1c.pdmesh.v1.ListModelsRequest\x1a\x1d.pdmesh.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/generate.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\xd6\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.pdmesh.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x1b\n\x03slo\x18\x07 \x01(\x0b\x32\x0e.pdmesh.v1.SloB\x08\n\x06prompt\"%\n\x03Slo\x12\x0e\n\x06ttft_s\x18\x01 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x02 \x01(\x01\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc4\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.pdmesh.v1.Usage\x12*\n\x08transfer\x18\x06 \x01(\x0b\x32\x18.pdmesh.v1.TransferStats\"\xf9\x04\n\rTransferStats\x12\x12\n\nnum_blocks\x18\x01 \x01(\x05\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\x12\x16\n\x0eprefill_worker\x18\x05 \x01(\t\x12\x15\n\rdecode_worker\x18\x06 \x01(\t\x12\x1b\n\x13\x66irst_block_seconds\x18\x07 \x01(\x01\x12\x1f\n\x17prefill_computed_tokens\x18\x08 \x01(\x05\x12\x1d\n\x15prefill_cached_tokens\x18\t \x01(\x05\x12N\n\x14prefill_store_tokens\x18\n \x03(\x0b\x32\x30.pdmesh.v1.TransferStats.PrefillStoreTokensEntry\x12\x15\n\rnum_failovers\x18\x0b \x01(\x05\x12\x18\n\x10resumed_at_token\x18\x0c \x01(\x05\x12\x15\n\rlocal_prefill\x18\r \x01(\x08\x12\x11\n\tlayerwise\x18\x0e \x01(\x08\x12#\n\x1bseconds_before_prefill_done\x18\x0f \x01(\x01\x12\"\n\x1aseconds_after_prefill_done\x18\x10 \x01(\x01\x12\x15\n\roverlap_ratio\x18\x11 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x12 \x01(\x01\x12\x17\n\x0fhandoff_seconds\x18\x13 \x01(\x01\x12\x11\n\tnum_moves\x18\x14 \x01(\x05\x1a\x39\n\x17PrefillStoreTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x13\n\x11ListModelsRequest\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.pdmesh.v1.ModelCard\".\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x32\x9e\x01\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.pdmesh.v1.GenerateRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12I\n\nListModels\x12\x1c.pdmesh.v1.ListModelsRequest\x1a\x1d.pdmesh.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +35,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSFERSTATS_PREFILLSTORETOKENSENTRY']._loaded_options = None
   _globals['_TRANSFERSTATS_PREFILLSTORETOKENSENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=64
-  _globals['_GENERATEREQUEST']._serialized_end=249
-  _globals['_TOKENIDS']._serialized_start=251
-  _globals['_TOKENIDS']._serialized_end=274
-  _globals['_GENERATERESPONSE']._serialized_start=277
-  _globals['_GENERATERESPONSE']._serialized_end=473
-  _globals['_TRANSFERSTATS']._serialized_start=476
-  _globals['_TRANSFERSTATS']._serialized_end=1109
-  _globals['_TRANSFERSTATS_PREFILLSTORETOKENSENTRY']._serialized_start=1052
-  _globals['_TRANSFERSTATS_PREFILLSTORETOKENSENTRY']._serialized_end=1109
-  _globals['_LISTMODELSREQUEST']._serialized_start=1111
-  _globals['_LISTMODELSREQUEST']._serialized_end=1130
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1132
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1190
-  _globals['_MODELCARD']._serialized_start=1192
-  _globals['_MODELCARD']._serialized_end=1238
-  _globals['_GENERATION']._serialized_start=1241
-  _globals['_GENERATION']._serialized_end=1399
+  _globals['_GENERATEREQUEST']._serialized_end=278
+  _globals['_SLO']._serialized_start=280
+  _globals['_SLO']._serialized_end=317
+  _globals['_TOKENIDS']._serialized_start=319
+  _globals['_TOKENIDS']._serialized_end=342
+  _globals['_GENERATERESPONSE']._serialized_start=345
+  _globals['_GENERATERESPONSE']._serialized_end=541
+  _globals['_TRANSFERSTATS']._serialized_start=544
+  _globals['_TRANSFERSTATS']._serialized_end=1177
+  _globals['_TRANSFERSTATS_PREFILLSTORETOKENSENTRY']._serialized_start=1120
+  _globals['_TRANSFERSTATS_PREFILLSTORETOKENSENTRY']._serialized_end=1177
+  _globals['_LISTMODELSREQUEST']._serialized_start=1179
+  _globals['_LISTMODELSREQUEST']._serialized_end=1198
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1200
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1258
+  _globals['_MODELCARD']._serialized_start=1260
+  _globals['_MODELCARD']._serialized_end=1306
+  _globals['_GENERATION']._serialized_start=1309
+  _globals['_GENERATION']._serialized_end=1467
 # @@protoc_insertion_point(module_scope)

@@ -8,20 +8,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "cache_salt")
+    __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "cache_salt", "slo")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    SLO_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
     token_ids: TokenIds
     sampling: _common_pb2.SamplingParams
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    slo: Slo
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ...) -> None: ...
+
+class Slo(_message.Message):
+    __slots__ = ("ttft_s", "tpot_s")
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_S_FIELD_NUMBER: _ClassVar[int]
+    ttft_s: float
+    tpot_s: float
+    def __init__(self, ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

@@ -12,15 +12,16 @@ from pdmesh.config import GatewaySettings
 from tests.gateway.fake_workers import FakeWorker
 
 
-def _stream(flows: Flows, worker: str, tpot_s: float, num_tokens: int, num_left: int, movable: bool = True):
-    stream = flows.open(worker, num_left + num_tokens, movable)
+def _stream(flows: Flows, worker: str, tpot_s: float, num_tokens: int, num_left: int, movable: bool = True,
+            tpot_slo_s: float = 0.05):
+    stream = flows.open(worker, num_left + num_tokens, tpot_slo_s, movable)
     for i in range(num_tokens):
         stream.on_tokens(1, now=i * tpot_s)
     return stream
 
 
 def test_a_stream_is_at_risk_when_the_stall_over_its_tokens_takes_its_tpot_past_the_slo():
-    flows = Flows(tpot_slo_s=0.05)
+    flows = Flows()
     # 0.04 s/token so far, 10 made + 90 left: a 1.0 s stall adds 1.0 / 99 = 0.0101 s -> 0.0501 s
     at_risk = _stream(flows, "a", 0.04, num_tokens=10, num_left=90)
     # 0.03 s/token: 0.0401 s, within
@@ -34,20 +35,21 @@ def test_a_stream_is_at_risk_when_the_stall_over_its_tokens_takes_its_tpot_past_
 
 
 def test_no_move_when_moving_costs_more_than_the_stall_or_the_stream_cannot_move():
-    flows = Flows(tpot_slo_s=0.01)
-    moved_once = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, movable=False)
-    starting = _stream(flows, "a", 0.04, num_tokens=1, num_left=99)        # no TPOT yet: TTFT's business
-    ending = _stream(flows, "a", 0.04, num_tokens=10, num_left=1)          # nothing left to save
-    fine = _stream(flows, "a", 0.04, num_tokens=10, num_left=90)
+    flows = Flows()
+    moved_once = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, movable=False, tpot_slo_s=0.01)
+    starting = _stream(flows, "a", 0.04, num_tokens=1, num_left=99, tpot_slo_s=0.01)   # no TPOT yet: TTFT's
+    ending = _stream(flows, "a", 0.04, num_tokens=10, num_left=1, tpot_slo_s=0.01)     # nothing left to save
+    no_slo = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, tpot_slo_s=0.0)     # asked for none
+    fine = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, tpot_slo_s=0.01)
     assert flows.ask_at_risk_to_move("a", stall_s=0.1, move_s=0.1) == 0   # the move takes as long
     assert flows.ask_at_risk_to_move("a", stall_s=0.2, move_s=0.1) == 1
-    assert [s.move_asked for s in (moved_once, starting, ending, fine)] == [False, False, False, True]
-    assert Flows(tpot_slo_s=0.0).ask_at_risk_to_move("a", 10.0, 0.0) == 0   # 0 turns moving off
+    assert [s.move_asked for s in (moved_once, starting, ending, no_slo, fine)] == [False, False, False, False,
+                                                                                     True]
 
 
 def test_closing_the_last_stream_forgets_its_worker():
-    flows = Flows(tpot_slo_s=0.05)
-    stream = flows.open("a", 10, movable=True)
+    flows = Flows()
+    stream = flows.open("a", 10, 0.05, movable=True)
     flows.close(stream)
     flows.close(stream)
     assert flows.streams == {}

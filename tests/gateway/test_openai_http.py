@@ -154,6 +154,14 @@ async def test_completion_sampling_fields_and_token_id_prompts(serve, clients):
     assert request.sampling == common_pb2.SamplingParams(max_tokens=5, temperature=0, top_p=0.5, seed=7,
                                                          stop=["x"], ignore_eos=True)
     assert request.cache_salt == "salt"
+    assert not request.HasField("slo")
+
+
+async def test_the_requests_slo_reaches_the_gateway(serve, clients):
+    fake = FakeGenerator()
+    await clients(await serve(fake)).chat.completions.create(
+        model="tiny", messages=CHAT, extra_body={"slo": {"ttft_s": 1.0, "tpot_s": 0.025}})
+    assert fake.request.slo == generate_pb2.Slo(ttft_s=1.0, tpot_s=0.025)
 
 
 async def test_completion_with_null_max_tokens_gets_the_rest_of_the_context(serve, tokenizer):
@@ -320,6 +328,10 @@ async def test_a_full_gateway_answers_429_before_it_reads_the_body(serve, path):
      "invalid request: temperature: Input should be less than or equal to 2"),
     ("/v1/completions", '{"prompt": "Hi", "temperature": NaN}',
      "invalid request: temperature: Input should be a finite number"),
+    ("/v1/completions", {"prompt": "Hi", "slo": {"ttft_s": -1}},
+     "invalid request: slo.ttft_s: Input should be greater than or equal to 0"),
+    ("/v1/completions", {"prompt": "Hi", "slo": {"tpot": 0.02}},
+     "invalid request: slo.tpot: Extra inputs are not permitted"),
 ])
 async def test_unsupported_or_malformed_requests_are_400(serve, path, body, message):
     fake = FakeGenerator()

@@ -5,9 +5,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.disagg import DisaggCosts
+from gateway.flows import Flows
 from gateway.placement import Placement
 from gateway.prompt_names import PromptNames
 from gateway.seen_prefixes import SeenPrefixes
+from gateway.slo import RequestSlo
 from pdmesh.v1 import worker_pb2
 from tests.gateway.fake_workers import info
 
@@ -23,8 +25,10 @@ class _Worker:
         return self.streams
 
 
-def _placement(ttft_slo_s: float = 2.5, handoff_s: float = 0.02) -> Placement:
-    return Placement(DisaggCosts(initial_handoff_s=handoff_s), SeenPrefixes(), ttft_slo_s)
+def _placement(ttft_slo_s: float = 2.5, handoff_s: float = 0.02, tpot_slo_s: float = 0.0,
+               flows: Flows | None = None) -> Placement:
+    return Placement(DisaggCosts(initial_handoff_s=handoff_s), SeenPrefixes(), flows or Flows(),
+                     RequestSlo(ttft_slo_s, tpot_slo_s))
 
 
 def _prompt(num_tokens: int, first: int = 0) -> PromptNames:
@@ -58,6 +62,21 @@ def test_a_queue_of_prompts_on_the_idle_worker_sends_the_next_to_the_other_withi
     placement = _placement(ttft_slo_s=1.0)
     placement.costs.queued_tokens["b"] = 20_000   # 2 s of prompts queued on b: past the TTFT SLO
     assert _chosen(placement, _prompt(2000), [a, b]) == (None, "a")
+
+
+def test_a_decode_whose_streams_run_past_the_requests_tpot_slo_is_taken_last():
+    """a decodes one stream at 50 ms a token, b three at 10 ms: the least harm is on a, but a request
+    asking for 25 ms is decoded on b (its prompt still computed on a, where it harms fewer streams);
+    one asking for none (or 60 ms) is served whole on a."""
+    flows = Flows()
+    a, b = _Worker("a", 10_000, streams=1), _Worker("b", 10_000, streams=3)
+    for worker, tpot_s in (("a", 0.05), ("b", 0.01), ("b", 0.01), ("b", 0.01)):
+        stream = flows.open(worker, 100, 0.0, movable=True)
+        stream.on_tokens(1, now=0.0)
+        stream.on_tokens(1, now=tpot_s)
+    assert flows.tpot_s("a") == pytest.approx(0.05)
+    for tpot_slo_s, chosen in ((0.025, ("a", "b")), (0.0, (None, "a")), (0.06, (None, "a"))):
+        assert _chosen(_placement(tpot_slo_s=tpot_slo_s, flows=flows), _prompt(100), [a, b]) == chosen
 
 
 def test_a_worker_that_has_published_no_rate_is_taken_as_fast_as_the_others():
