@@ -61,6 +61,8 @@ class Option:
 
 
 def readable(prefill: RatedWorker, decode: RatedWorker) -> bool:
+    if prefill.info.compat == decode.info.compat:   # the usual mesh: one model, one layout (the fast path)
+        return True
     try:
         check_readable(prefill.info.compat, decode.info.compat)
     except Incompatible:
@@ -71,6 +73,19 @@ def readable(prefill: RatedWorker, decode: RatedWorker) -> bool:
 def streams_on(worker) -> int:
     """Requests the worker is serving now (this gateway's, or what it last reported if more)."""
     return worker.queue()
+
+
+@dataclass(frozen=True)
+class _Computing:
+    """A worker's side of computing this prompt, the same whichever worker then decodes it."""
+
+    compute_s: float
+    ttft_s: float      # queued prompts + this one (no handoff)
+    harm_s: float
+    cached_tokens: int
+
+
+UNMEASURED = _Computing(0.0, float("inf"), float("inf"), 0)
 
 
 class Placement:
@@ -86,12 +101,15 @@ class Placement:
         prefill-capable worker's KV. A worker that has published no rate yet is taken to be as fast as
         the others' mean (the same model on the same kind of machine); none has: every option comes
         last alike, and the least busy worker serves the request whole (its answer brings its rate)."""
-        workers = {id(w): w for w in [*prefills, *decodes]}.values()
+        workers = list({id(w): w for w in [*prefills, *decodes]}.values())
         rates = [w.prefill_tokens_per_s for w in workers if w.prefill_tokens_per_s > 0]
         prior = sum(rates) / len(rates) if rates else 0.0
-        found = [self._option(prompt, None, decode, prior) for decode in decodes]
-        return found + [self._option(prompt, prefill, decode, prior) for prefill in prefills for decode in decodes
-                        if prefill is not decode and readable(prefill, decode)]
+        computing = {id(w): self._computing(prompt, w, prior) for w in workers}
+        seen_by = {id(d): (self.flows.tpot_s(d.address), streams_on(d)) for d in decodes}   # tpot, streams
+        handoff_s = self.costs.handoff_s.value
+        found = [_option(None, d, computing[id(d)], seen_by[id(d)], 0.0) for d in decodes]
+        return found + [_option(p, d, computing[id(p)], seen_by[id(d)], handoff_s) for p in prefills
+                        for d in decodes if p is not d and readable(p, d)]
 
     def choose(self, options: Sequence[Option]) -> Option:
         tpot_slo_s = self.slo.tpot_s or float("inf")
@@ -106,21 +124,23 @@ class Placement:
         if chosen.prefill is not None:
             self.seen.record(chosen.prefill.address, names, compat.block_size)
 
-    def _option(self, prompt: PromptNames, prefill: RatedWorker | None, decode: RatedWorker,
-                prior_rate: float) -> Option:
-        computing = decode if prefill is None else prefill
-        rate = computing.prefill_tokens_per_s or prior_rate
+    def _computing(self, prompt: PromptNames, worker: RatedWorker, prior_rate: float) -> _Computing:
+        rate = worker.prefill_tokens_per_s or prior_rate
         if rate <= 0:
-            return Option(prefill, decode, float("inf"), 0.0, 0.0, float("inf"), 0, streams_on(decode))
-        compat = computing.info.compat
-        cached = self.seen.cached_tokens(computing.address, prompt.of(compat), compat.block_size, len(prompt))
-        compute_s = (len(prompt) - cached) / rate
-        ttft_s = self.costs.queued_tokens[computing.address] / rate + compute_s
-        if prefill is not None:
-            ttft_s += self.costs.handoff_s.value
-        return Option(prefill, decode, ttft_s, self.flows.tpot_s(decode.address), compute_s,
-                      compute_s * streams_on(computing), cached,
-                      streams_on(decode))
+            return UNMEASURED
+        compat = worker.info.compat
+        num_tokens = len(prompt)
+        cached = self.seen.cached_tokens(worker.address, prompt.of(compat), compat.block_size, num_tokens)
+        compute_s = (num_tokens - cached) / rate
+        return _Computing(compute_s, self.costs.queued_tokens[worker.address] / rate + compute_s,
+                          compute_s * streams_on(worker), cached)
+
+
+def _option(prefill: RatedWorker | None, decode: RatedWorker, computing: _Computing, decode_seen: tuple[float, int],
+            handoff_s: float) -> Option:
+    tpot_s, decode_streams = decode_seen
+    return Option(prefill, decode, computing.ttft_s + handoff_s, tpot_s, computing.compute_s, computing.harm_s,
+                  computing.cached_tokens, decode_streams)
 
 
 async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, excluded: set[str], slo: RequestSlo,
