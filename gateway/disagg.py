@@ -43,19 +43,22 @@ from pdmesh.v1 import worker_pb2
 @dataclass(frozen=True)
 class Decision:
     local: bool
-    reason: str              # "policy", "cheaper_local", "cheaper_remote", "stall", "unmeasured", "one_worker"
+    # "policy", "cheaper_local", "cheaper_remote", "stall", "unmeasured", "one_worker"; adaptive (placement.py):
+    # "soonest", "least_harm", "past_slo", "move"
+    reason: str
     remote_s: float = 0.0
     local_s: float = 0.0
     stall_s: float = 0.0
     prefill_cached_tokens: int = 0   # the prompt's prefix the prefill worker likely has cached
     decode_cached_tokens: int = 0    # and the decode worker
+    tpot_s: float = 0.0              # adaptive: the mean TPOT of the streams on the decode worker chosen
 
     def span_attributes(self) -> dict:
         return {"pdmesh.disagg.decision": "local" if self.local else "remote", "pdmesh.disagg.reason": self.reason,
                 "pdmesh.disagg.remote_s": self.remote_s, "pdmesh.disagg.local_s": self.local_s,
                 "pdmesh.disagg.stall_s": self.stall_s,
                 "pdmesh.disagg.prefill_cached_tokens": self.prefill_cached_tokens,
-                "pdmesh.disagg.decode_cached_tokens": self.decode_cached_tokens}
+                "pdmesh.disagg.decode_cached_tokens": self.decode_cached_tokens, "pdmesh.disagg.tpot_s": self.tpot_s}
 
 
 class RatedWorker(Protocol):

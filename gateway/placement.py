@@ -49,10 +49,10 @@ class Option:
     def computing(self) -> RatedWorker:
         return self.decode if self.prefill is None else self.prefill
 
-    def decision(self) -> Decision:
+    def decision(self, reason: str = "") -> Decision:
         """As the request's span and answer report it (gateway/disagg.py's Decision)."""
         measured = self.ttft_s != float("inf")
-        return Decision(self.local, "adaptive" if measured else "unmeasured",
+        return Decision(self.local, reason if measured else "unmeasured", tpot_s=self.tpot_s,
                         remote_s=0.0 if self.local or not measured else self.ttft_s,
                         local_s=self.ttft_s if self.local and measured else 0.0,
                         stall_s=self.harm_s if measured else 0.0,
@@ -112,9 +112,20 @@ class Placement:
                         for d in decodes if p is not d and readable(p, d)]
 
     def choose(self, options: Sequence[Option]) -> Option:
-        tpot_slo_s = self.slo.tpot_s or float("inf")
-        return min(options, key=lambda o: (o.ttft_s > self.slo.ttft_s, o.tpot_s > tpot_slo_s, round(o.harm_s, 6),
-                                           o.ttft_s, o.decode_streams))
+        return min(options, key=lambda o: (not self.within_slo(o), round(o.harm_s, 6), o.ttft_s, o.decode_streams))
+
+    def within_slo(self, option: Option) -> bool:
+        """Predicted within the request's TTFT SLO, and decoded where streams run within its TPOT SLO."""
+        return option.ttft_s <= self.slo.ttft_s and option.tpot_s <= (self.slo.tpot_s or float("inf"))
+
+    def reason(self, options: Sequence[Option], chosen: Option) -> str:
+        """Why `chosen`: "past_slo" (no option was within the SLO: the least bad), "soonest" (the
+        soonest first token of those within it), "least_harm" (a later first token, to spare running
+        streams a prompt's compute)."""
+        if not self.within_slo(chosen):
+            return "past_slo"
+        soonest = min(o.ttft_s for o in options if self.within_slo(o))
+        return "soonest" if chosen.ttft_s <= soonest else "least_harm"
 
     def record(self, prompt: PromptNames, chosen: Option) -> None:
         """The workers that now hold the prompt in their prefix caches (computed there or pulled there)."""
@@ -155,9 +166,11 @@ async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, exc
     if not decodes:   # marked down by another request's failed call while this one waited
         raise NoWorkerAvailable("every decode worker went down")
     placement = Placement(disagg.costs, disagg.seen, disagg.flows, slo)
-    option = placement.choose(placement.options(prompt, prefills, decodes))
+    options = placement.options(prompt, prefills, decodes)
+    option = placement.choose(options)
     placement.record(prompt, option)
     computing = option.computing.address
     if not moving_from and any(w.address != computing for w in decodes):
         disagg.flows.ask_at_risk_to_move(computing, option.compute_s, disagg.costs.handoff_s.value)
-    return option.prefill, option.decode, disagg.count(option.decision())
+    reason = "move" if moving_from else placement.reason(options, option)
+    return option.prefill, option.decode, disagg.count(option.decision(reason))

@@ -79,6 +79,20 @@ def test_a_decode_whose_streams_run_past_the_requests_tpot_slo_is_taken_last():
         assert _chosen(_placement(tpot_slo_s=tpot_slo_s, flows=flows), _prompt(100), [a, b]) == chosen
 
 
+def test_the_reason_says_what_decided():
+    a, b = _Worker("a", 10_000, streams=5), _Worker("b", 10_000, streams=0)
+    cases = [({}, 2.5, "soonest"),                 # b: as soon as a, and no stream waits for it
+             ({"b": 5_000}, 2.5, "least_harm"),    # b: 0.5 s later than a, to spare a's 5 streams
+             ({"b": 5_000}, 0.1, "past_slo")]      # none within 0.1 s: the least bad
+    for queued, ttft_slo_s, reason in cases:
+        placement = _placement(ttft_slo_s=ttft_slo_s)
+        placement.costs.queued_tokens.update(queued)
+        options = placement.options(_prompt(2000), [a, b], [a, b])
+        chosen = placement.choose(options)
+        assert (chosen.prefill, chosen.decode.address, placement.reason(options, chosen)) == (None, "b", reason)
+        assert chosen.decision(placement.reason(options, chosen)).reason == reason
+
+
 def test_a_worker_that_has_published_no_rate_is_taken_as_fast_as_the_others():
     a, b = _Worker("a", 0.0), _Worker("b", 10_000, streams=5)
     option = _placement().choose(_placement().options(_prompt(1000), [a, b], [a, b]))
