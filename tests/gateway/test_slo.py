@@ -27,3 +27,8 @@ def test_the_request_asks_first_then_its_tenant_then_the_gateway(tenant, asked, 
 def test_a_negative_or_non_finite_slo_is_an_invalid_request(asked):
     with pytest.raises(InvalidRequest, match="slo"):
         request_slo(SETTINGS, "anonymous", asked)
+
+
+def test_tenant_slos_come_from_a_json_flag():
+    settings = GatewaySettings.from_cli(["--tenant_slos", '{"chat": {"ttft_s": 1.0, "tpot_s": 0.025}}'])
+    assert request_slo(settings, "chat", generate_pb2.Slo()) == RequestSlo(1.0, 0.025)
