@@ -84,7 +84,6 @@ class QueuedWork:
 
     def __init__(self, queued_tokens: Counter, address: str, num_tokens: int) -> None:
         self._queued_tokens, self._address, self._num_tokens = queued_tokens, address, num_tokens
-        self.queued_before = queued_tokens[address]   # tokens ahead of these when they were queued
         queued_tokens[address] += num_tokens
         self.pending = True
 
@@ -144,8 +143,7 @@ class DisaggPolicy:
             self.seen.record(decode.address, names, block_size)       # computed there, or pulled there
             if not decision.local:
                 self.seen.record(prefill.address, names, block_size)
-        self.decisions[(decision.local, decision.reason)] += 1
-        return decision
+        return self.count(decision)
 
     def _decide(self, num_prompt_tokens: int, prefill: RatedWorker, decode: RatedWorker, decode_busy: bool,
                 prefill_cached: int, decode_cached: int) -> Decision:

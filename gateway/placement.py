@@ -61,8 +61,6 @@ class Option:
 
 
 def readable(prefill: RatedWorker, decode: RatedWorker) -> bool:
-    if prefill.info.compat == decode.info.compat:   # the usual mesh: one model, one layout (the fast path)
-        return True
     try:
         check_readable(prefill.info.compat, decode.info.compat)
     except Incompatible:

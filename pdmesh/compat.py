@@ -44,6 +44,8 @@ def check_compatible(mine: common_pb2.CompatInfo, theirs: common_pb2.CompatInfo)
 def check_readable(producer: common_pb2.CompatInfo, consumer: common_pb2.CompatInfo) -> None:
     """A consumer can read the producer's blocks: compatible, or with fewer tensor-parallel ranks
     (tp_ratio) whose caches hold each producer rank's heads as a run of bytes per piece."""
+    if producer == consumer:   # the usual mesh: one model, one layout (placement asks for every pair)
+        return
     roles = ("prefill", "decode")
     if tp_size(producer) == tp_size(consumer):
         _raise_if_any(_mismatches(producer, consumer, roles))
