@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from bench.serving.lor_proxy import relay
+from bench.serving.proxy_common import relay, serve_app
 
 
 def make_app(prefill_url: str, decode_url: str) -> web.Application:
@@ -44,23 +43,9 @@ def make_app(prefill_url: str, decode_url: str) -> web.Application:
         async with session.post(f"{decode_url}/v1/completions", json=body) as decoded:
             return await relay(decoded, request)
 
-    async def health(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
     app.cleanup_ctx.append(session_ctx)
     app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/health", health)
     return app
-
-
-async def serve(args) -> None:
-    runner = web.AppRunner(make_app(args.prefill, args.decode))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    Path(args.ready_file).write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
-    await asyncio.Event().wait()
 
 
 def main() -> None:
@@ -68,7 +53,8 @@ def main() -> None:
     parser.add_argument("--prefill", required=True)
     parser.add_argument("--decode", required=True)
     parser.add_argument("--ready-file", required=True)
-    asyncio.run(serve(parser.parse_args()))
+    args = parser.parse_args()
+    asyncio.run(serve_app(make_app(args.prefill, args.decode), Path(args.ready_file)))
 
 
 if __name__ == "__main__":

@@ -9,25 +9,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
+from bench.serving.proxy_common import relay, serve_app
+
 FORWARDED = ("/v1/completions", "/v1/chat/completions")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-
-
-async def relay(answer: aiohttp.ClientResponse, request: web.Request) -> web.StreamResponse:
-    """A backend's answer, streamed to the client as it comes."""
-    response = web.StreamResponse(status=answer.status,
-                                  headers={"Content-Type": answer.headers.get("Content-Type", "")})
-    await response.prepare(request)
-    async for data in answer.content.iter_any():
-        await response.write(data)
-    await response.write_eof()
-    return response
 
 
 class LeastOutstanding:
@@ -61,24 +51,10 @@ def make_app(backends: list[str]) -> web.Application:
         finally:
             chooser.outstanding[backend] -= 1
 
-    async def health(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
     app.cleanup_ctx.append(session_ctx)
     for path in FORWARDED:
         app.router.add_post(path, forward)
-    app.router.add_get("/health", health)
     return app
-
-
-async def serve(backends: list[str], ready_file: Path) -> None:
-    runner = web.AppRunner(make_app(backends))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    ready_file.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
-    await asyncio.Event().wait()
 
 
 def main() -> None:
@@ -86,7 +62,7 @@ def main() -> None:
     parser.add_argument("--backend", action="append", required=True)
     parser.add_argument("--ready-file", required=True)
     args = parser.parse_args()
-    asyncio.run(serve(args.backend, Path(args.ready_file)))
+    asyncio.run(serve_app(make_app(args.backend), Path(args.ready_file)))
 
 
 if __name__ == "__main__":
