@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.common import REPORT_DIR
 from bench.serving.arms import ARMS
-from bench.serving.report import plot_verdict, ratios, table, verdict_table
+from bench.serving.report import figures, plot_verdict, ratios, table, verdict_table
 from bench.serving.rows import Row, foreign_rows, from_json, to_json
 from bench.serving.run import run
 from bench.serving.workloads import MID, PROFILES, SLOS, Workload
@@ -46,17 +46,19 @@ def model_dir_for(workloads: list[Workload]) -> Path:
 
 def kept_rows(earlier: list[Row], arms: list[str], workloads: list[str], stamp: RunStamp) -> list[Row]:
     """An earlier report's rows this run does not replace; SystemExit if any ran on other code or another machine."""
-    foreign = foreign_rows(earlier, stamp)
+    kept = [row for row in earlier if row.arm not in arms or row.workload not in workloads]
+    foreign = foreign_rows(kept, stamp)
     if foreign:
         raise SystemExit(f"the report has {len(foreign)} rows run on {foreign[0].code} / {foreign[0].machine}, "
                          f"this run is {stamp.code} / {stamp.machine}: ratios come from one run of one code "
                          "(run the profile again without --merge)")
-    return [row for row in earlier if row.arm not in arms or row.workload not in workloads]
+    return kept
 
 
 def write_report(path_base: Path, rows: list[Row], arms: list[str], candidate: str, profile: str) -> None:
     others = [name for name in arms if name != candidate and ARMS[name].static]
-    found = ratios(rows, candidate, others)
+    per_arm = figures(rows)
+    found = ratios(per_arm, candidate, others)
     chart = plot_verdict(found, candidate, path_base.with_name(path_base.name + "_verdict.png"))
     stamps = sorted({(row.code, row.machine) for row in rows})
     lines = [f"# Serving, profile {profile} (python -m bench.serve; generated)", "",
@@ -65,7 +67,7 @@ def write_report(path_base: Path, rows: list[Row], arms: list[str], candidate: s
              + "; ".join(f"{s.name}: TTFT ≤ {s.ttft_ms:g} ms, TPOT ≤ {s.tpot_ms:g} ms" for s in SLOS) + ".", "",
              f"## {candidate} ÷ the best of {', '.join(others)} (per repeat; {chart.name})", "",
              verdict_table(found, candidate, TARGET), "", "## Every arm: median [min–max] over the repeats", "",
-             table(rows, arms), ""]
+             table(per_arm, arms), ""]
     path_base.with_suffix(".md").write_text("\n".join(lines))
 
 
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown arms {unknown}; known: {sorted(ARMS)}")
     base = Path(args.out) / f"serving_{args.profile}"
     json_path = base.with_suffix(".json")
-    earlier = from_json(json.loads(json_path.read_text())["rows"]) if json_path.exists() else []
+    wants_earlier = (args.merge or args.report_only) and json_path.exists()
+    earlier = from_json(json.loads(json_path.read_text())["rows"]) if wants_earlier else []
     if args.report_only:
         write_report(base, earlier, sorted({r.arm for r in earlier}, key=lambda a: (a not in arms, a)), args.candidate,
                      args.profile)

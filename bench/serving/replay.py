@@ -28,17 +28,19 @@ class Replayed:
     errors: list[str] = field(default_factory=list)       # the first few
 
 
-async def replay(base_url: str, model: str, requests: Sequence[TraceRequest], speed: float,
+async def replay(base_url: str, model: str, requests: Sequence[TraceRequest], speed: float, salt: int,
                  timeout_s: float = 600.0) -> Replayed:
+    """`salt` seeds the prompts' tokens (TraceRequest.prompt); they are all built before the clock starts."""
     result = Replayed(num_sent=len(requests))
     first = requests[0].timestamp if requests else 0
+    prompts = [request.prompt(salt) for request in requests]
     started = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
                                      connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def send(request: TraceRequest) -> None:
+        async def send(request: TraceRequest, prompt: list[int]) -> None:
             await asyncio.sleep(max(0.0, started + (request.timestamp - first) / 1e3 / speed - time.perf_counter()))
             try:
-                timing, num_tokens = await _one(session, base_url, model, request)
+                timing, num_tokens = await _one(session, base_url, model, prompt, request.output_length)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 result.num_failed += 1
                 if len(result.errors) < 5:
@@ -47,14 +49,14 @@ async def replay(base_url: str, model: str, requests: Sequence[TraceRequest], sp
             result.timings.append(timing)
             result.output_tokens += num_tokens
 
-        await asyncio.gather(*(send(r) for r in requests))
+        await asyncio.gather(*(send(r, p) for r, p in zip(requests, prompts)))
     result.duration_s = time.perf_counter() - started
     return result
 
 
-async def _one(session: aiohttp.ClientSession, base_url: str, model: str,
-               request: TraceRequest) -> tuple[Timing, int]:
-    body = {"model": model, "prompt": request.prompt(), "max_tokens": request.output_length, "temperature": 0,
+async def _one(session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int],
+               max_tokens: int) -> tuple[Timing, int]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     token_times: list[float] = []

@@ -36,7 +36,7 @@ class Ratio:
         return not math.isnan(low) and low >= target
 
 
-def figures(rows: Sequence[Row]) -> dict[tuple[str, str, str, int], float]:
+def figures(rows: Sequence[Row]) -> "Figures":
     """(workload, measure, arm, repeat) → the figure: per-point tok/s ("tok/s @ 16") or goodput."""
     found: dict[tuple[str, str, str, int], float] = {}
     by_run: dict[tuple[str, str, int], list[Row]] = defaultdict(list)
@@ -47,16 +47,19 @@ def figures(rows: Sequence[Row]) -> dict[tuple[str, str, str, int], float]:
             for row in points:
                 found[(workload, f"tok/s @ {row.point:g}", arm, repeat)] = row.output_tok_s
             continue
+        attained = [(row.offered_rate, row.attainment()) for row in points]
         for slo in SLOS:
-            scored = [(row.offered_rate, row.attainment()[slo.name]) for row in points]
+            scored = [(offered, shares[slo.name]) for offered, shares in attained]
             found[(workload, f"goodput, {slo.name}", arm, repeat)] = goodput(scored)
     return found
 
 
-def ratios(rows: Sequence[Row], candidate: str, others: Sequence[str]) -> list[Ratio]:
-    """Candidate ÷ the best of `others` per (workload, measure), one per repeat; on closed loops the
-    worst point stands for the workload."""
-    found = figures(rows)
+Figures = dict[tuple[str, str, str, int], float]
+
+
+def ratios(found: Figures, candidate: str, others: Sequence[str]) -> list[Ratio]:
+    """Candidate ÷ the best of `others` per (workload, measure), one per repeat, from figures(rows);
+    on closed loops the worst point stands for the workload."""
     keys = sorted({(w, m) for (w, m, arm, _) in found if arm == candidate})
     repeats = sorted({r for (_, _, _, r) in found})
     result: dict[tuple[str, str], Ratio] = {}
@@ -84,9 +87,8 @@ def _worst_point_per_closed_loop(found: list[Ratio]) -> list[Ratio]:
     return list(kept.values())
 
 
-def table(rows: Sequence[Row], arms: Sequence[str]) -> str:
-    """Markdown: each (workload, measure) × arm as median [min–max] over the repeats."""
-    found = figures(rows)
+def table(found: Figures, arms: Sequence[str]) -> str:
+    """Markdown: each (workload, measure) × arm as median [min–max] over the repeats, from figures(rows)."""
     keys = sorted({(w, m) for (w, m, _, _) in found})
     lines = ["| workload | measure | " + " | ".join(arms) + " |", "|---|---|" + "---|" * len(arms)]
     for workload, measure in keys:

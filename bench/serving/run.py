@@ -46,7 +46,8 @@ def measure_point(base_url: str, model_dir: Path, workload: Workload, point: flo
     """(timings, the Row's measured fields) of one point: vLLM's load tool, or the trace replayer."""
     if workload.kind == TRACE:
         requests = trace.load(trace.TRACES_DIR / workload.trace, workload.num_prompts)
-        result = asyncio.run(replay(base_url, SERVED_NAME, requests, point, timeout_s))
+        result = asyncio.run(replay(base_url, SERVED_NAME, requests, point, workload.seed(point),
+                                    timeout_s))
         return result.timings, dict(offered_rate=trace.offered_rate(requests, point), num_sent=result.num_sent,
                                     num_failed=result.num_failed, duration_s=result.duration_s,
                                     output_tokens=result.output_tokens)

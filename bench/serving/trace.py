@@ -1,13 +1,15 @@
 """Request traces in Mooncake's format (what AIPerf's `mooncake_trace` dataset reads): one JSON
 object per line, {"timestamp": ms since the trace began, "input_length": tokens,
 "output_length": tokens, "hash_ids": [ids of the prompt's 512-token blocks]}. Two requests whose
-hash_ids start alike share that prefix: the replayer builds each block's tokens from its id.
+hash_ids start alike share that prefix: the replayer builds each block's tokens from its id and a
+salt (the workload's seed at the point), so two workloads or two speeds of one trace share nothing.
 
 python -m bench.serving.trace   writes the committed synthetic traces (bench/serving/traces/).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -27,19 +29,20 @@ class TraceRequest:
     output_length: int
     hash_ids: tuple[int, ...]
 
-    def prompt(self) -> list[int]:
-        """The prompt's tokens: each block's from its id, so shared ids give shared prefixes."""
-        tokens = [t for block in self.hash_ids for t in block_tokens(block)]
+    def prompt(self, salt: int) -> list[int]:
+        """The prompt's tokens: each block's from its id and the salt, so shared ids give shared prefixes."""
+        tokens = [t for block in self.hash_ids for t in block_tokens(block, salt)]
         return tokens[:self.input_length]
 
 
-def block_tokens(hash_id: int) -> list[int]:
-    rng = random.Random(hash_id)
+def block_tokens(hash_id: int, salt: int) -> list[int]:
+    rng = random.Random(f"{salt}:{hash_id}")
     return [rng.randrange(*VOCAB) for _ in range(HASH_BLOCK_TOKENS)]
 
 
-def load(path: Path, limit: int = 0) -> list[TraceRequest]:
-    """The trace's requests in time order (its first `limit` if > 0)."""
+@functools.cache
+def load(path: Path, limit: int = 0) -> tuple[TraceRequest, ...]:
+    """The trace's requests in time order (its first `limit` if > 0); read once a process."""
     requests = []
     for line in path.read_text().splitlines():
         if line.strip():
@@ -47,7 +50,7 @@ def load(path: Path, limit: int = 0) -> list[TraceRequest]:
             requests.append(TraceRequest(int(fields["timestamp"]), int(fields["input_length"]),
                                          int(fields["output_length"]), tuple(fields["hash_ids"])))
     requests.sort(key=lambda r: r.timestamp)
-    return requests[:limit] if limit > 0 else requests
+    return tuple(requests[:limit] if limit > 0 else requests)
 
 
 def offered_rate(requests: Sequence[TraceRequest], speed: float) -> float:

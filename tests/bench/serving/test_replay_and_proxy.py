@@ -17,7 +17,7 @@ TRACE = [TraceRequest(0, 600, 4, (0, 1)), TraceRequest(300, 100, 1, (0,)), Trace
 async def test_a_trace_is_sent_on_its_timestamps_and_every_request_timed():
     server = await FakeCompletions(token_gap_s=0.01, first_token_s=0.05).start()
     try:
-        result = await replay(server.url, "m", TRACE, speed=2.0)   # twice as fast: 0, 150, 300 ms
+        result = await replay(server.url, "m", TRACE, speed=2.0, salt=5)   # twice as fast: 0, 150, 300 ms
     finally:
         await server.stop()
     gaps = [later - server.arrived_at[0] for later in server.arrived_at]
@@ -43,7 +43,7 @@ async def test_a_server_that_refuses_counts_as_failed_requests():
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
-        result = await replay(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", "m", TRACE[:2], 10.0)
+        result = await replay(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", "m", TRACE[:2], 10.0, 5)
     finally:
         await runner.cleanup()
     assert (result.num_sent, result.num_failed, result.timings) == (2, 2, [])
@@ -65,9 +65,9 @@ async def test_the_proxy_streams_answers_and_sends_new_requests_to_the_idler_rep
     await site.start()
     url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     try:
-        busy = asyncio.ensure_future(replay(url, "m", [TraceRequest(0, 8, 10, (0,))], 1.0))   # 2 s on the slow one
+        busy = asyncio.ensure_future(replay(url, "m", [TraceRequest(0, 8, 10, (0,))], 1.0, 5))   # 2 s on the slow one
         await asyncio.sleep(0.3)
-        quick = await replay(url, "m", [TraceRequest(100 * i, 8, 2, (i,)) for i in range(4)], 1.0)   # one at a time
+        quick = await replay(url, "m", [TraceRequest(100 * i, 8, 2, (i,)) for i in range(4)], 1.0, 5)   # one at a time
         assert (quick.num_failed, quick.output_tokens) == (0, 8)
         assert (len(slow.bodies), len(fast.bodies)) == (1, 4)
         assert (await busy).output_tokens == 10
@@ -78,4 +78,12 @@ async def test_the_proxy_streams_answers_and_sends_new_requests_to_the_idler_rep
 
 
 def test_trace_blocks_are_mooncakes_512_tokens():
-    assert HASH_BLOCK_TOKENS == 512 and len(TraceRequest(0, 1000, 1, (3, 4)).prompt()) == 1000
+    assert HASH_BLOCK_TOKENS == 512 and len(TraceRequest(0, 1000, 1, (3, 4)).prompt(salt=5)) == 1000
+
+
+def test_a_salt_gives_other_prompts_and_keeps_shared_prefixes_shared():
+    """Two speeds of one trace (or two traces with the same ids) must not hit each other's prefix cache."""
+    longer, shorter = TraceRequest(0, 600, 1, (0, 1)), TraceRequest(0, 100, 1, (0,))
+    assert longer.prompt(salt=5)[:100] == shorter.prompt(salt=5)
+    assert longer.prompt(salt=5) == longer.prompt(salt=5)
+    assert shorter.prompt(salt=6) != shorter.prompt(salt=5)

@@ -31,7 +31,7 @@ def _poisson(arm, repeat, good_up_to):
 def test_goodput_ratios_come_from_one_repeat_each_against_that_repeats_best_arm():
     rows = [*_poisson("cand", 0, 4.0), *_poisson("vllm", 0, 2.0), *_poisson("replicas", 0, 1.0),
             *_poisson("cand", 1, 2.0), *_poisson("vllm", 1, 1.0), *_poisson("replicas", 1, 2.0)]
-    (relaxed, tight) = sorted((r for r in ratios(rows, "cand", ["vllm", "replicas"])), key=lambda r: r.measure)
+    (relaxed, tight) = sorted((r for r in ratios(figures(rows), "cand", ["vllm", "replicas"])), key=lambda r: r.measure)
     assert (relaxed.measure, relaxed.per_repeat, relaxed.best_other) == ("goodput, relaxed", (2.0, 1.0),
                                                                          ("vllm", "replicas"))
     assert relaxed.spread() == (1.0, 1.5, 2.0) and relaxed.meets(0.95) and not relaxed.meets(1.3)
@@ -42,14 +42,14 @@ def test_a_closed_loop_stands_by_its_worst_point():
                                                                            tokens=2000),
             _row("vllm", "short", 4, 0, kind="closed", tokens=800), _row("vllm", "short", 16, 0, kind="closed",
                                                                           tokens=4000)]
-    (ratio,) = ratios(rows, "cand", ["vllm"])
+    (ratio,) = ratios(figures(rows), "cand", ["vllm"])
     assert (ratio.measure, ratio.per_repeat) == ("tok/s @ 16", (0.5,))
     assert figures(rows)[("short", "tok/s @ 4", "vllm", 0)] == 80.0
 
 
 def test_when_no_arm_serves_in_slo_the_ratio_says_so():
     rows = [*_poisson("cand", 0, 0.0), *_poisson("vllm", 0, 0.0)]
-    assert all(math.isnan(r.spread()[1]) and not r.meets(0.95) for r in ratios(rows, "cand", ["vllm"]))
+    assert all(math.isnan(r.spread()[1]) and not r.meets(0.95) for r in ratios(figures(rows), "cand", ["vllm"]))
 
 
 def test_a_merge_refuses_rows_of_other_code_and_keeps_what_is_not_rerun():
@@ -58,6 +58,7 @@ def test_a_merge_refuses_rows_of_other_code_and_keeps_what_is_not_rerun():
     other = RunStamp("b" * 40, "", STAMP.machine, STAMP.run_at)
     with pytest.raises(SystemExit, match="ratios come from one run"):
         kept_rows(mine, ["cand"], ["long"], other)
+    assert kept_rows(mine, ["vllm", "cand"], ["long", "short"], other) == []   # every old row is rerun: no refusal
 
 
 def test_the_report_is_written_with_the_verdict_and_the_chart(tmp_path):
