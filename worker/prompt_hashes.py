@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pdmesh.kv.block_hash import chain_block_hashes
+from pdmesh.kv.block_hash import ROOT_PARENT, chain_block_hashes, hash_block
 
 
 class PromptHashes:
@@ -26,9 +26,13 @@ class PromptHashes:
         if hashes is None:
             hashes = self._by_request[request_id] = self._hash(prompt_token_ids, extra_key)
         num_tokens = len(prompt_token_ids) if num_tokens is None else min(num_tokens, len(prompt_token_ids))
+        num_full = num_tokens // self._block_size
         if num_tokens == len(prompt_token_ids) or num_tokens % self._block_size == 0:
             return hashes[:-(-num_tokens // self._block_size)]
-        return self._hash(prompt_token_ids[:num_tokens], extra_key)  # a partial block the prompt's does not end
+        # a partial block the prompt's does not end: only it is hashed, on the full blocks' chain
+        parent = hashes[num_full - 1] if num_full else ROOT_PARENT
+        partial = prompt_token_ids[num_full * self._block_size:num_tokens]
+        return [*hashes[:num_full], hash_block(self._seed, parent, partial, extra_key)]
 
     def forget(self, request_id: str) -> None:
         self._by_request.pop(request_id, None)

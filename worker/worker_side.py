@@ -230,13 +230,7 @@ class ConnectorWorker:
 
     def _received(self, task: RecvTask, stats: PullStats) -> None:
         """A consumer's read ended: its failed blocks go back to vLLM, and the request is reported."""
-        with self._lock:
-            self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
-            if task.report_done:
-                self._done_recving.add(task.request_id)
-                self._stats_pending[task.request_id] = encode_stats(stats)
-        if task.report_done:
-            self._transfer_finished()
+        self._finished_reading(task.request_id, task.local_block_ids, stats, task.report_done)
 
     def _load(self, task: StoreLoadTask) -> None:
         token = context.attach(extract_carrier(task.trace_carrier))
@@ -250,11 +244,18 @@ class ConnectorWorker:
                     "pdmesh.kv.transport": stats.transport})
         finally:
             context.detach(token)
+        self._finished_reading(task.request_id, task.local_block_ids, stats, report_done=True)
+
+    def _finished_reading(self, request_id: str, local_block_ids: list[int], stats, report_done: bool) -> None:
+        """The blocks past the first stats.num_blocks failed (vLLM recomputes them); a reported
+        request is done receiving, with its stats for the scheduler side."""
         with self._lock:
-            self._failed_block_ids.update(task.local_block_ids[stats.num_blocks:])
-            self._done_recving.add(task.request_id)
-            self._stats_pending[task.request_id] = encode_stats(stats)
-        self._transfer_finished()
+            self._failed_block_ids.update(local_block_ids[stats.num_blocks:])
+            if report_done:
+                self._done_recving.add(request_id)
+                self._stats_pending[request_id] = encode_stats(stats)
+        if report_done:
+            self._transfer_finished()
 
     def _transfer_finished(self) -> None:
         """A pull or load is in _done_recving: the engine core steps its workers to learn it."""

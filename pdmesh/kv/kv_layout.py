@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdmesh.kv.checksum import combine, piece_digest
+from pdmesh.kv.checksum import block_checksum, combine, piece_digest, pieces_of
 from pdmesh.v1 import kv_transfer_pb2
 
 WHOLE = (0, 1)  # head_slice (j, k): the j-th of k equal head ranges of each piece; WHOLE: every head
@@ -162,11 +162,5 @@ def piece_sizes(regions: Sequence[LayerRegion]) -> list[list[int]]:
 
 def row_checksums(rows: np.ndarray, regions: Sequence[LayerRegion]) -> list[int]:
     """block_checksums of gathered wire rows ((n, block_nbytes) uint8)."""
-    piece_nbytes = [nbytes for layer in piece_sizes(regions) for nbytes in layer]
-    digests = np.empty((len(rows), len(piece_nbytes)), dtype=np.uint64)
-    for i, row in enumerate(rows):
-        offset = 0
-        for column, nbytes in enumerate(piece_nbytes):
-            digests[i, column] = piece_digest(row[offset:offset + nbytes])
-            offset += nbytes
-    return combine(digests)
+    piece_nbytes = pieces_of(piece_sizes(regions))
+    return [block_checksum(row, piece_nbytes) for row in rows]
