@@ -80,7 +80,7 @@ class FaultMesh:
             self.cluster = LocalCluster(
                 self.spec.model_dir, self.spec.run_dir / "cluster", num_prefill=self.spec.num_prefill,
                 num_decode=self.spec.num_decode, worker_args=self._worker_args(),
-                prefill_args=self._store_args(), args_by_name=self._kv_args(),
+                prefill_args=self._store_args(), args_by_name=self._fixed_port_args(),
                 gateway_args=["--route_policy", "round_robin", "--worker_cooldown_s", "1",
                               "--request_timeout_s", str(self.spec.request_timeout_s),
                               "--api_keys", json.dumps(API_KEYS)],
@@ -171,14 +171,19 @@ class FaultMesh:
         return [*self.spec.store_args, "--store.redis_url", self.redis.url, "--store.redis_password", REDIS_PASSWORD,
                 "--store.fetch_timeout_s", str(self.spec.pull_timeout_s)]
 
-    def _kv_args(self) -> dict[str, list[str]]:
-        """Each prefill: a fixed KV port (with a proxy in front that it advertises), an NVMe folder."""
-        args = {}
+    def _fixed_port_args(self) -> dict[str, list[str]]:
+        """Every worker: an API port outside the ephemeral range (a restart binds it again: a port the
+        kernel may hand out let a client's connect to the dead worker take it, "Address already in
+        use", trial 77 of a store-node campaign). Each prefill: a fixed KV port too (with a proxy in
+        front that it advertises), an NVMe folder."""
+        names = [*self.prefill_names, *self.decode_names]
+        ports = iter(_ports_outside_ephemeral_range(len(names) + len(self.prefill_names)))
+        args = {name: ["--port", str(next(ports))] for name in names}
         for name in self.prefill_names:
-            kv_port = _port_outside_ephemeral_range()
+            kv_port = next(ports)
             self.nvme_dirs[name] = nvme_dir = fresh_dir(self.spec.run_dir / f"nvme-{name}")
             self.nvme_on_tmpfs = _mount_tmpfs(nvme_dir, self.spec.nvme_fs_bytes)
-            args[name] = ["--kv_port", str(kv_port), "--store.nvme_dir", str(nvme_dir)]
+            args[name] += ["--kv_port", str(kv_port), "--store.nvme_dir", str(nvme_dir)]
             if self.spec.fault_proxies:
                 proxy = self.kv_proxies[name] = FaultProxy(f"127.0.0.1:{kv_port}").start()
                 args[name] += ["--kv_advertise_port", proxy.address.rsplit(":", 1)[1]]
@@ -192,17 +197,20 @@ def _held(stats: worker_pb2.WorkerStats) -> list[str]:
     return [f"{what} {value}" for what, value in checks.items() if value]
 
 
-def _port_outside_ephemeral_range() -> int:
-    """A free port the kernel never hands out by itself (bind to port 0, outgoing connections): the
-    KV port is chosen before four engines start and bound only once its engine is up, a window in
-    which an ephemeral port could otherwise take it."""
+def _ports_outside_ephemeral_range(count: int) -> list[int]:
+    """`count` distinct free ports the kernel never hands out by itself (bind to port 0, outgoing
+    connections): they are chosen before the engines start and bound only once each engine is up,
+    and bound again at each restart, windows in which an ephemeral port could otherwise take them."""
     low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    for port in random.sample(range(max(1024, low - 12000), low), 200):
+    found: list[int] = []
+    for port in random.sample(range(max(1024, low - 12000), low), 200 + count):
         with socket.socket() as sock:
             with contextlib.suppress(OSError):
                 sock.bind(("127.0.0.1", port))
-                return port
-    raise OSError("no free port below the ephemeral range")
+                found.append(port)
+        if len(found) == count:
+            return found
+    raise OSError(f"no {count} free ports below the ephemeral range")
 
 
 def _mount_tmpfs(path: Path, size_bytes: int) -> bool:
