@@ -71,9 +71,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     before = set(_python_processes(set()))
     with tempfile.TemporaryDirectory() as log_dir, start(ARMS[args.arm], Path(DEFAULT_MODEL_DIR),
-                                                          Path(log_dir)) as base_url:
+                                                          Path(log_dir)) as endpoints:
         processes = _python_processes(before)
-        load = threading.Thread(target=measure_point, args=(base_url, Path(DEFAULT_MODEL_DIR), workload, point, 900))
+        load = threading.Thread(target=measure_point, args=(endpoints.base_url, Path(DEFAULT_MODEL_DIR), workload, point, 900))
         load.start()
         time.sleep(args.delay_s)
         spies = []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.common import REPORT_DIR
 from bench.serving.arms import ARMS
-from bench.serving.report import figures, plot_verdict, ratios, table, verdict_table
+from bench.serving.report import figures, mix_table, plot_verdict, ratios, table, verdict_table
 from bench.serving.rows import Row, foreign_rows, from_json, to_json
 from bench.serving.run import run
 from bench.serving.workloads import MID, PROFILES, SLOS, Workload
@@ -67,7 +67,8 @@ def write_report(path_base: Path, rows: list[Row], arms: list[str], candidate: s
              + "; ".join(f"{s.name}: TTFT ≤ {s.ttft_ms:g} ms, TPOT ≤ {s.tpot_ms:g} ms" for s in SLOS) + ".", "",
              f"## {candidate} ÷ the best of {', '.join(others)} (per repeat; {chart.name})", "",
              verdict_table(found, candidate, TARGET), "", "## Every arm: median [min–max] over the repeats", "",
-             table(per_arm, arms), ""]
+             table(per_arm, arms), "", "## pdmesh's placements per point (its gateway's counters)", "",
+             mix_table(rows), ""]
     path_base.with_suffix(".md").write_text("\n".join(lines))
 
 

@@ -33,6 +33,13 @@ from worker.engine import free_port
 
 
 @dataclass(frozen=True)
+class Endpoints:
+    """Where a started arm serves: its OpenAI API; a pdmesh arm's gateway /metrics too."""
+    base_url: str
+    metrics_url: str = ""
+
+
+@dataclass(frozen=True)
 class System:
     name: str                      # label in results and plots
     kind: str                      # "vllm" | "replicas" | "vllm-disagg" | "pdmesh"
@@ -118,16 +125,16 @@ def vllm_disaggregated(system: System, model_dir: Path, log_dir: Path) -> Iterat
 
 @contextlib.contextmanager
 def pdmesh_cluster(system: System, model_dir: Path, log_dir: Path) -> Iterator[str]:
-    """Yields the base URL of the gateway's OpenAI API in front of 1 prefill + 1 decode."""
+    """Yields the gateway's OpenAI API and /metrics, in front of 1 prefill + 1 decode (or num_both workers)."""
     from pdmesh.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="pdmesh-bench-") as store_dir, \
             LocalCluster(model_dir, log_dir / system.name, worker_args=list(system.worker_args),
                          num_prefill=0 if system.num_both else 1, num_decode=0 if system.num_both else 1,
                          num_both=system.num_both,
-                         gateway_args=["--http_port", "0", *system.gateway_args],
+                         gateway_args=["--http_port", "0", "--telemetry.metrics_port", "0", *system.gateway_args],
                          store_dir=Path(store_dir)) as cluster:
-        yield f"http://{cluster.http_address}"
+        yield Endpoints(f"http://{cluster.http_address}", f"http://{cluster.metrics_addresses['gateway']}")
 
 
 @contextlib.contextmanager
@@ -160,16 +167,17 @@ def replicas(system: System, model_dir: Path, log_dir: Path) -> Iterator[str]:
             yield proxy["url"]
 
 
-def start(system: System, model_dir: Path, log_dir: Path):
-    if system.kind == "vllm":
-        return monolithic_vllm(system, model_dir, log_dir)
-    if system.kind == "replicas":
-        return replicas(system, model_dir, log_dir)
-    if system.kind == "vllm-disagg":
-        return vllm_disaggregated(system, model_dir, log_dir)
+@contextlib.contextmanager
+def start(system: System, model_dir: Path, log_dir: Path) -> Iterator[Endpoints]:
     if system.kind == "pdmesh":
-        return pdmesh_cluster(system, model_dir, log_dir)
-    raise ValueError(f"unknown system kind {system.kind!r}")
+        with pdmesh_cluster(system, model_dir, log_dir) as endpoints:
+            yield endpoints
+        return
+    servers = {"vllm": monolithic_vllm, "replicas": replicas, "vllm-disagg": vllm_disaggregated}
+    if system.kind not in servers:
+        raise ValueError(f"unknown system kind {system.kind!r}")
+    with servers[system.kind](system, model_dir, log_dir) as base_url:
+        yield Endpoints(base_url)
 
 
 def _stop_group(popen: subprocess.Popen, grace_s: float = 20.0) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.serving.goodput import goodput
+from bench.serving.mesh_mix import remote_share
 from bench.serving.rows import Row, median_spread
 from bench.serving.workloads import CLOSED, SLOS
 
@@ -97,6 +98,27 @@ def table(found: Figures, arms: Sequence[str]) -> str:
             values = [v for (w, m, a, _), v in found.items() if (w, m, a) == (workload, measure, arm)]
             cells.append(_spread_cell(values) if values else "–")
         lines.append(f"| {workload} | {measure} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def mix_table(rows: Sequence[Row]) -> str:
+    """Markdown: the pdmesh arms' P:D mix per point (bench/serving/mesh_mix.py), median [min–max] over repeats."""
+    by_point: dict[tuple[str, str, float], list[Row]] = defaultdict(list)
+    for row in rows:
+        if row.mix:
+            by_point[(row.workload, row.arm, row.point)].append(row)
+    lines = ["| workload | point | arm | prompt tokens computed remotely | streams moved | placements by reason |",
+             "|---|---|---|---|---|---|"]
+    for (workload, arm, point), points in sorted(by_point.items()):
+        reasons: dict[str, float] = defaultdict(float)
+        for row in points:
+            for key, value in row.mix.items():
+                if key.startswith("reason:"):
+                    reasons[key.removeprefix("reason:")] += value / len(points)
+        shares = [100 * remote_share(row.mix) for row in points]
+        moved = [row.mix.get("moved", 0.0) for row in points]
+        lines.append(f"| {workload} | {point:g} | {arm} | {_spread_cell(shares)} % | {_spread_cell(moved)} | "
+                     + ", ".join(f"{why} {n:.0f}" for why, n in sorted(reasons.items())) + " |")
     return "\n".join(lines)
 
 

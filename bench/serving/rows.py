@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from bench.serving.goodput import Timing, attainment
+from bench.serving.mesh_mix import remote_share
 from bench.serving.workloads import SLOS
 from bench.stamp import RunStamp
 
@@ -26,6 +27,7 @@ class Row:
     duration_s: float
     output_tokens: int
     timings: list[list[float]] = field(default_factory=list)   # [TTFT ms, TPOT ms, longest ITL ms] of each completed
+    mix: dict[str, float] = field(default_factory=dict)   # a pdmesh arm's placements over the point (mesh_mix.py)
     code: str = ""          # RunStamp.code
     machine: str = ""
     run_at: str = ""
@@ -54,9 +56,11 @@ class Row:
         return values[min(len(values) - 1, int(q / 100 * len(values)))] if q < 100 else values[-1]
 
     def summary(self) -> str:
+        mix = f", remote prompt tokens {remote_share(self.mix):.0%}, moved {self.mix.get('moved', 0):.0f}" \
+            if self.mix else ""
         return (f"{self.output_tok_s:.0f} tok/s, TTFT p50 {self.percentile_ms(0, 50):.0f} ms, "
                 f"TPOT p50 {self.percentile_ms(1, 50):.1f} ms, failed {self.num_failed}/{self.num_sent}, in SLO "
-                + ", ".join(f"{name} {share:.0%}" for name, share in self.attainment().items()))
+                + ", ".join(f"{name} {share:.0%}" for name, share in self.attainment().items()) + mix)
 
 
 def to_json(rows: Sequence[Row]) -> list[dict]:

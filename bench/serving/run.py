@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.serving import load_tool, trace
 from bench.serving.arms import System, start
+from bench.serving.mesh_mix import mix_between, read_counters
 from bench.serving.replay import replay
 from bench.serving.rows import Row
 from bench.serving.workloads import CLOSED, TRACE, WARMUP, Workload
@@ -29,14 +30,17 @@ def run_arm(arm: System, model_dir: Path, workloads: Sequence[Workload], repeat:
             log_dir: Path, timeout_s: float) -> list[Row]:
     rows = []
     started = time.monotonic()
-    with start(arm, model_dir, log_dir) as base_url:
+    with start(arm, model_dir, log_dir) as endpoints:
+        base_url = endpoints.base_url
         print(f"[{arm.name} #{repeat}] up in {time.monotonic() - started:.0f} s at {base_url}", flush=True)
         measure_point(base_url, model_dir, WARMUP, WARMUP.points[0], timeout_s)
         for workload in workloads:
             for point in workload.points:
+                before = read_counters(endpoints.metrics_url) if endpoints.metrics_url else None
                 timings, measured = measure_point(base_url, model_dir, workload, point, timeout_s)
+                mix = mix_between(before, read_counters(endpoints.metrics_url)) if before is not None else {}
                 row = Row.measured(stamp, timings, arm=arm.name, workload=workload.name, kind=workload.kind,
-                                   point=point, repeat=repeat, **measured)
+                                   point=point, repeat=repeat, mix=mix, **measured)
                 rows.append(row)
                 print(f"[{arm.name} #{repeat}] {workload.name} @ {point:g}: {row.summary()}", flush=True)
     return rows
