@@ -32,7 +32,8 @@ def unfrozen(monkeypatch):
 def test_the_heap_left_after_a_collection_is_frozen_and_later_collections_are_timed(unfrozen):
     kept = [[index] for index in range(50_000)]   # containers the collector tracks
     frozen = freeze_startup_heap()
-    assert frozen.num_objects == gc.get_freeze_count() >= len(kept)
+    # frozen objects may still be freed (other threads of the suite drop references), never added
+    assert frozen.num_objects >= gc.get_freeze_count() >= len(kept)
     assert frozen.collect_s >= 0.0
     assert gc.get_count()[2] == 0   # nothing left for a full collection to walk
     pauses = gc_heap._process_pauses
