@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.common import REPORT_DIR
 from bench.serving.arms import ARMS
-from bench.serving.report import figures, mix_table, plot_verdict, ratios, table, verdict_table
+from bench.serving.report import figures, mix_table, overhead_table, plot_verdict, ratios, table, verdict_table
 from bench.serving.rows import Row, foreign_rows, from_json, to_json
 from bench.serving.run import run
 from bench.serving.workloads import MID, PROFILES, SLOS, Workload
@@ -32,6 +32,8 @@ from bench.stamp import RunStamp, run_stamp
 from pdmesh.config import DEFAULT_MODEL_DIR
 
 TARGET = 0.95   # the candidate's ratio to the best static arm the issue asks on every workload
+# TTFT p50 at 1 req/s within 1.1× of a one-core monolithic engine's: the mesh's own overhead
+OVERHEAD_BASELINE, OVERHEAD_RATE, OVERHEAD_TARGET = "vllm-1core", 1.0, 1.1
 
 
 def model_dir_for(workloads: list[Workload]) -> Path:
@@ -69,6 +71,10 @@ def write_report(path_base: Path, rows: list[Row], arms: list[str], candidate: s
              verdict_table(found, candidate, TARGET), "", "## Every arm: median [min–max] over the repeats", "",
              table(per_arm, arms), "", "## pdmesh's placements per point (its gateway's counters)", "",
              mix_table(rows), ""]
+    overhead = overhead_table(rows, candidate, OVERHEAD_BASELINE, OVERHEAD_RATE, OVERHEAD_TARGET)
+    if overhead:
+        lines += [f"## The mesh's own overhead: TTFT with little queued ({OVERHEAD_BASELINE}: "
+                  f"`--arms {OVERHEAD_BASELINE} --merge`)", "", overhead, ""]
     path_base.with_suffix(".md").write_text("\n".join(lines))
 
 

@@ -101,6 +101,26 @@ def table(found: Figures, arms: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def overhead_table(rows: Sequence[Row], candidate: str, baseline: str, rate: float, target: float) -> str:
+    """Markdown: the candidate's TTFT p50 ÷ `baseline`'s at `rate` req/s, one ratio per repeat, per Poisson
+    workload both ran at that rate: the mesh's own overhead with (almost) nothing queued. Empty when
+    the baseline arm did not run."""
+    ttft: dict[tuple[str, str, int], float] = {
+        (row.workload, row.arm, row.repeat): row.percentile_ms(0, 50) for row in rows
+        if row.kind != CLOSED and row.point == rate and row.arm in (candidate, baseline)}
+    lines = []
+    for workload in sorted({w for (w, _, _) in ttft}):
+        per_repeat = [ttft[(w, candidate, r)] / ttft[(w, baseline, r)] for (w, arm, r) in sorted(ttft)
+                      if (w, arm) == (workload, baseline) and (w, candidate, r) in ttft]
+        if per_repeat:
+            met = "met" if max(per_repeat) <= target else "not met"
+            lines.append(f"| {workload} | {_spread_cell(per_repeat)} | {met} |")
+    if not lines:
+        return ""
+    return "\n".join([f"| workload | {candidate} ÷ {baseline}, TTFT p50 at {rate:g} req/s: median [min–max] | "
+                      f"≤ {target:g}× |", "|---|---|---|", *lines])
+
+
 def mix_table(rows: Sequence[Row]) -> str:
     """Markdown: the pdmesh arms' P:D mix per point (bench/serving/mesh_mix.py), median [min–max] over repeats."""
     by_point: dict[tuple[str, str, float], list[Row]] = defaultdict(list)

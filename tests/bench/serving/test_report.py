@@ -6,7 +6,7 @@ import math
 import pytest
 
 from bench.serve import kept_rows, write_report
-from bench.serving.report import figures, ratios
+from bench.serving.report import figures, overhead_table, ratios
 from bench.serving.rows import Row
 from bench.serving.run import arm_order
 from bench.serving.workloads import LONG, PROFILES, SHORT
@@ -73,3 +73,17 @@ def test_seeds_come_from_the_workloads_name_and_point_and_arms_take_turns():
     assert SHORT.seed(4) == SHORT.seed(4.0) != SHORT.seed(16) != LONG.seed(4)
     assert [a for a in arm_order(["a", "b", "c"], 1)] == ["b", "c", "a"]
     assert all(w.num_prompts >= 200 for w in PROFILES["full"] if w.kind != "trace")
+
+
+def test_the_meshs_overhead_is_its_ttft_at_one_request_per_second_over_one_core_vllms_per_repeat(tmp_path):
+    def at(arm, repeat, ttft_ms, rate=1.0):
+        return _row(arm, "long", rate, repeat, [[ttft_ms, 20.0, 30.0]] * 3)
+    rows = [at("cand", 0, 110.0), at("vllm-1core", 0, 100.0), at("cand", 1, 130.0), at("vllm-1core", 1, 100.0),
+            at("cand", 0, 999.0, rate=2.0), at("vllm-1core", 0, 1.0, rate=2.0), at("cand", 2, 50.0)]
+    assert overhead_table(rows, "cand", "vllm-1core", 1.0, 1.1).splitlines()[2:] == [
+        "| long | 1.2 [1.1–1.3] | not met |"]
+    assert overhead_table([at("cand", 0, 105.0), at("vllm-1core", 0, 100.0)], "cand", "vllm-1core", 1.0,
+                          1.1).splitlines()[2:] == ["| long | 1.05 | met |"]
+    assert overhead_table(rows[:1], "cand", "vllm-1core", 1.0, 1.1) == ""   # the baseline did not run
+    write_report(tmp_path / "serving_x", rows, ["vllm-1core", "cand"], "cand", "x")
+    assert "| long | 1.2 [1.1–1.3] | not met |" in (tmp_path / "serving_x.md").read_text()
