@@ -9,7 +9,7 @@ stopped after, all serving the same model with the same engine settings:
 - `vllm-disagg`: vLLM's own disaggregated setup: prefill on core 0, decode on core 1, vLLM's
   ExampleConnector sharing KV through a directory, behind a proxy like vLLM's toy proxy
   (bench/vllm_disagg_proxy.py).
-- `pdmesh-1p1d`: `LocalCluster` (what `pdmesh up` runs): gateway + 1 prefill (core 0) + 1 decode
+- `pdmesh-1p1d`: `LocalCluster` (`pdmesh up --prefill 1 --decode 1`): gateway + 1 prefill (core 0) + 1 decode
   (core 1), the gateway's OpenAI HTTP API; its variants add worker or gateway flags.
 """
 
@@ -142,6 +142,7 @@ def spawned(command: list[str], ready_file: Path, log_path: Path, timeout_s: flo
             env: dict[str, str] | None = None) -> Iterator[dict]:
     """Runs `python <command>` (logging to a file, not a pipe nobody reads) until its ready file
     appears; yields the file's record (and the process's "pid"); stops the process after."""
+    ready_file.unlink(missing_ok=True)   # an earlier repeat's would name that run's address
     with log_path.open("w") as log:
         popen = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True, env=env)

@@ -33,7 +33,10 @@ def run_arm(arm: System, model_dir: Path, workloads: Sequence[Workload], repeat:
     with start(arm, model_dir, log_dir) as endpoints:
         base_url = endpoints.base_url
         print(f"[{arm.name} #{repeat}] up in {time.monotonic() - started:.0f} s at {base_url}", flush=True)
-        measure_point(base_url, model_dir, WARMUP, WARMUP.points[0], timeout_s)
+        _, warmup = measure_point(base_url, model_dir, WARMUP, WARMUP.points[0], timeout_s)
+        if warmup["num_failed"]:   # an arm that cannot serve is a broken harness, not a figure
+            raise RuntimeError(f"{arm.name} failed {warmup['num_failed']} of {warmup['num_sent']} warm-up requests "
+                               f"at {base_url}")
         for workload in workloads:
             for point in workload.points:
                 before = read_counters(endpoints.metrics_url) if endpoints.metrics_url else None
