@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdmesh import engine_debris
+from pdmesh.free_ports import ports_outside_ephemeral_range
 from pdmesh.transport.shm import segments
 
 MESH_TOKEN_ENV = "PDMESH_MESH_TOKEN"   # the token a local cluster's processes share, when set
@@ -100,10 +101,11 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            workers = [self._spawn_worker(role, i) for role, count in (("prefill", self.num_prefill),
-                                                                       ("decode", self.num_decode),
-                                                                       (BOTH, self.num_both))
-                       for i in range(count)]
+            roles = [role for role, count in (("prefill", self.num_prefill), ("decode", self.num_decode),
+                                              (BOTH, self.num_both)) for _ in range(count)]
+            ports = ports_outside_ephemeral_range(len(roles))   # a restart binds its port again
+            workers = [self._spawn_worker(role, roles[:n].count(role), port)
+                       for n, (role, port) in enumerate(zip(roles, ports))]
             ready = [self._wait_ready(p) for p in workers]
             self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
             self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]
@@ -210,9 +212,9 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _spawn_worker(self, role: str, index: int) -> _Process:
+    def _spawn_worker(self, role: str, index: int, port: int) -> _Process:
         core = core_of(role, index, os.cpu_count() or 1)
-        args = ["--port", "0", "--engine.model", str(self.model_dir),
+        args = ["--port", str(port), "--engine.model", str(self.model_dir),
                 "--engine.omp_threads_bind", str(core), *self.worker_args, *self.telemetry_args]
         name = f"{NAMES[role]}-{index}"
         if role != "decode" and self.store_dir is not None:

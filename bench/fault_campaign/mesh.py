@@ -10,8 +10,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from pathlib import Path
 import grpc
 
 from pdmesh.cluster import LocalCluster
+from pdmesh.free_ports import ports_outside_ephemeral_range
 from pdmesh.transport.mesh_auth import with_mesh_token
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from bench.fault_campaign.load import StreamLoad, Tenant, Workload
@@ -172,18 +171,15 @@ class FaultMesh:
                 "--store.fetch_timeout_s", str(self.spec.pull_timeout_s)]
 
     def _fixed_port_args(self) -> dict[str, list[str]]:
-        """Every worker: an API port outside the ephemeral range (a restart binds it again: a port the
-        kernel may hand out let a client's connect to the dead worker take it, "Address already in
-        use", trial 77 of a store-node campaign). Each prefill: a fixed KV port too (with a proxy in
-        front that it advertises), an NVMe folder."""
-        names = [*self.prefill_names, *self.decode_names]
-        ports = iter(_ports_outside_ephemeral_range(len(names) + len(self.prefill_names)))
-        args = {name: ["--port", str(next(ports))] for name in names}
-        for name in self.prefill_names:
-            kv_port = next(ports)
+        """Each prefill: a KV port outside the ephemeral range, as LocalCluster gives every worker's API
+        port (a restart binds both again; a port the kernel may hand out let a client's connect to the
+        dead worker take it, "Address already in use", trial 77 of a store-node campaign), with a proxy
+        in front that it advertises, and an NVMe folder."""
+        args = {}
+        for name, kv_port in zip(self.prefill_names, ports_outside_ephemeral_range(len(self.prefill_names))):
             self.nvme_dirs[name] = nvme_dir = fresh_dir(self.spec.run_dir / f"nvme-{name}")
             self.nvme_on_tmpfs = _mount_tmpfs(nvme_dir, self.spec.nvme_fs_bytes)
-            args[name] += ["--kv_port", str(kv_port), "--store.nvme_dir", str(nvme_dir)]
+            args[name] = ["--kv_port", str(kv_port), "--store.nvme_dir", str(nvme_dir)]
             if self.spec.fault_proxies:
                 proxy = self.kv_proxies[name] = FaultProxy(f"127.0.0.1:{kv_port}").start()
                 args[name] += ["--kv_advertise_port", proxy.address.rsplit(":", 1)[1]]
@@ -195,22 +191,6 @@ def _held(stats: worker_pb2.WorkerStats) -> list[str]:
               "store saves pending": stats.kv_store_saves_pending, "running requests": stats.num_running_requests,
               "waiting requests": stats.num_waiting_requests, "KV cache in use": stats.kv_cache_usage}
     return [f"{what} {value}" for what, value in checks.items() if value]
-
-
-def _ports_outside_ephemeral_range(count: int) -> list[int]:
-    """`count` distinct free ports the kernel never hands out by itself (bind to port 0, outgoing
-    connections): they are chosen before the engines start and bound only once each engine is up,
-    and bound again at each restart, windows in which an ephemeral port could otherwise take them."""
-    low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    found: list[int] = []
-    for port in random.sample(range(max(1024, low - 12000), low), 200 + count):
-        with socket.socket() as sock:
-            with contextlib.suppress(OSError):
-                sock.bind(("127.0.0.1", port))
-                found.append(port)
-        if len(found) == count:
-            return found
-    raise OSError(f"no {count} free ports below the ephemeral range")
 
 
 def _mount_tmpfs(path: Path, size_bytes: int) -> bool:
