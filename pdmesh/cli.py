@@ -13,6 +13,7 @@ from pathlib import Path
 from pdmesh.config import DEFAULT_MODEL_DIR
 
 DEMO_PROMPT = "Hello world, the kalo mine is ready."
+DEFAULT_WORKERS = 2   # one per core of the machine kind this is developed on
 
 
 def _build_models(args: argparse.Namespace) -> int:
@@ -50,10 +51,17 @@ async def _print_stream(address: str, prompt: str, max_tokens: int, temperature:
         print(response.text, end="", flush=True)
         if response.finish_reason:
             seconds = time.perf_counter() - started
-            print(f"\n[{response.usage.completion_tokens} tokens in {seconds:.2f}s; KV moved: "
-                  f"{response.transfer.num_blocks} blocks, {response.transfer.num_bytes} bytes; "
-                  f"decode reused {response.transfer.num_cached_tokens} of {response.usage.prompt_tokens} "
-                  f"prompt tokens]")
+            print(f"\n[{response.usage.completion_tokens} tokens in {seconds:.2f}s; {_placement(response)}]")
+
+
+def _placement(response) -> str:
+    """Where the prompt was computed, as the stream's last message tells it."""
+    transfer, num_prompt_tokens = response.transfer, response.usage.prompt_tokens
+    if transfer.local_prefill:
+        return (f"served whole on {transfer.decode_worker}, "
+                f"{transfer.num_cached_tokens} of {num_prompt_tokens} prompt tokens from its cache")
+    return (f"KV moved: {transfer.num_blocks} blocks, {transfer.num_bytes} bytes; "
+            f"decode reused {transfer.num_cached_tokens} of {num_prompt_tokens} prompt tokens")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -72,16 +80,17 @@ def _up(args: argparse.Namespace) -> int:
 
     model_dir = ensure_llama(Path(args.model))
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pdmesh-"))
-    static = args.workers == 0
-    shape = f"{args.prefill} prefill + {args.decode} decode" if static else f"{args.workers} workers taking both roles"
+    num_prefill, num_decode, num_both = _worker_counts(args)
+    static = num_both == 0
+    shape = f"{num_prefill} prefill + {num_decode} decode" if static else f"{num_both} workers taking both roles"
     print(f"starting gateway + {shape} on {model_dir} (logs: {run_dir})", flush=True)
     redis = ["--registry.redis_url", args.redis_url] if args.redis_url else []
     worker_args = [*redis, "--store.redis_url", args.redis_url] if args.redis_url else []
     gateway_args = ["--first_token_from", args.first_token_from, "--http_port", str(args.http_port), *redis,
                     *(["--kv_index_redis_url", args.redis_url] if args.redis_url else []),
                     *([] if static else ["--disagg_policy", "adaptive"])]
-    with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=args.prefill if static else 0,
-                      num_decode=args.decode if static else 0, num_both=args.workers,
+    with LocalCluster(model_dir, run_dir, gateway_port=args.port, num_prefill=num_prefill,
+                      num_decode=num_decode, num_both=num_both,
                       telemetry_args=_telemetry_flags(args), worker_args=worker_args,
                       gateway_args=gateway_args, store_dir=run_dir / "kvstore") as cluster:
         workers = (f"prefill {cluster.prefill_addresses}; decode {cluster.decode_addresses}" if static
@@ -102,6 +111,15 @@ def _up(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("stopping", flush=True)
     return 0
+
+
+def _worker_counts(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(prefill, decode, both-role) workers: both-role ones unless --prefill or --decode asks for a split."""
+    if args.prefill is None and args.decode is None:
+        return 0, 0, args.workers or DEFAULT_WORKERS
+    if args.workers is not None:
+        raise SystemExit("pdmesh up: --workers (both roles) or --prefill/--decode (a static split), not both")
+    return args.prefill or 1, args.decode or 1, 0
 
 
 def _telemetry_flags(args: argparse.Namespace) -> list[str]:
@@ -128,14 +146,16 @@ def _parser() -> argparse.ArgumentParser:
     digest.add_argument("model", help="model folder")
     digest.set_defaults(func=_digest_weights)
 
-    up = sub.add_parser("up", help="start gateway + prefill + decode locally and run a demo prompt")
+    up = sub.add_parser("up", help="start a gateway and its workers locally and run a demo prompt")
     up.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
     up.add_argument("--port", type=int, default=50051)
-    up.add_argument("--prefill", type=int, default=1)
-    up.add_argument("--decode", type=int, default=1)
-    up.add_argument("--workers", type=int, default=0,
-                    help="N workers taking either role per request (python -m node), one per core, instead of "
-                         "the static --prefill/--decode split")
+    up.add_argument("--workers", type=int, default=None,
+                    help=f"N workers taking either role per request (python -m node), one core each, placed "
+                         f"by the gateway (--disagg_policy adaptive); default {DEFAULT_WORKERS}")
+    up.add_argument("--prefill", type=int, default=None,
+                    help="a static split instead: this many prefill workers (default 1 with --decode)")
+    up.add_argument("--decode", type=int, default=None,
+                    help="a static split instead: this many decode workers (default 1 with --prefill)")
     up.add_argument("--prompt", default=DEMO_PROMPT)
     up.add_argument("--max-tokens", type=int, default=32)
     up.add_argument("--run-dir", default=None)

@@ -54,35 +54,66 @@ def _ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _pdmesh_up(model_dir: Path, run_dir: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([*PDMESH, "up", "--model", str(model_dir), "--port", "0",
+                             "--max-tokens", "8", "--http-port", "0", "--run-dir", str(run_dir), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ctrl_c_reaches_it)
+
+
 def test_up_demo_generate_and_ctrl_c(tiny_llama_dir, tmp_path):
+    """The default: two workers taking both roles, placed by the gateway; an idle mesh serves a short
+    prompt whole on one worker."""
     run_dir = tmp_path / "run"
-    up = subprocess.Popen([*PDMESH, "up", "--model", str(tiny_llama_dir), "--port", "0", "--max-tokens", "8",
-                           "--http-port", "0", "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          preexec_fn=_ctrl_c_reaches_it)
+    up = _pdmesh_up(tiny_llama_dir, run_dir)
     try:
         lines, serving = _read_until(up, r"--gateway (127\.0\.0\.1:\d+)", timeout_s=300)
         demo = "".join(lines)
+        assert "starting gateway + 2 workers taking both roles" in demo
         assert "> Hello world, the kalo mine is ready." in demo
-        assert "[8 tokens in" in demo
-        assert "KV moved: 1 blocks, 131072 bytes; decode reused 18 of 18 prompt tokens]" in demo
+        assert re.search(r"\[8 tokens in [\d.]+s; served whole on 127\.0\.0\.1:\d+, "
+                         r"0 of 18 prompt tokens from its cache\]", demo)
         assert re.search(r"gateway http://127\.0\.0\.1:\d+/metrics", demo)
         generated = subprocess.run([*PDMESH, "generate", "Hello world", "--gateway", serving.group(1),
                                     "--max-tokens", "5"], capture_output=True, text=True, timeout=60)
         assert generated.returncode == 0, generated.stderr
-        assert "[5 tokens in" in generated.stdout
-        assert "decode reused 4 of 4 prompt tokens]" in generated.stdout
+        assert re.search(r"\[5 tokens in [\d.]+s; served whole on 127\.0\.0\.1:\d+", generated.stdout)
         http = re.search(r"OpenAI API (http://127\.0\.0\.1:\d+/v1)", demo).group(1)
         completion = _post_json(f"{http}/completions", {"prompt": "Hello world", "max_tokens": 5, "temperature": 0})
         assert (completion["usage"]["prompt_tokens"], completion["usage"]["completion_tokens"]) == (4, 5)
-        assert len(_processes_of(run_dir, but=up.pid)) == 3  # gateway, prefill, decode
+        assert len(_processes_of(run_dir, but=up.pid)) == 3  # gateway, two workers
         _assert_nothing_listens_beyond_loopback(up.pid)
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0
         assert _processes_of(run_dir, but=up.pid) == []
     finally:
-        if up.poll() is None:
-            up.kill()  # its cluster's processes see their parent gone and stop (--exit_with_parent)
-            up.wait()
+        _stop(up)
+
+
+def test_up_static_split_moves_the_demo_prompts_kv(tiny_llama_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    up = _pdmesh_up(tiny_llama_dir, run_dir, "--prefill", "1", "--decode", "1", "--exit-after-demo")
+    try:
+        demo, _ = up.communicate(timeout=300)
+        assert up.returncode == 0, demo
+        assert "starting gateway + 1 prefill + 1 decode" in demo
+        assert "KV moved: 1 blocks, 131072 bytes; decode reused 18 of 18 prompt tokens]" in demo
+        assert _processes_of(run_dir, but=up.pid) == []
+    finally:
+        _stop(up)
+
+
+def test_up_refuses_both_role_workers_and_a_static_split_at_once(tiny_llama_dir, tmp_path):
+    up = _pdmesh_up(tiny_llama_dir, tmp_path / "run", "--workers", "2", "--prefill", "1")
+    out, _ = up.communicate(timeout=60)
+    assert up.returncode == 1
+    assert "--workers (both roles) or --prefill/--decode (a static split), not both" in out
+
+
+def _stop(up: subprocess.Popen) -> None:
+    if up.poll() is None:
+        up.kill()  # its cluster's processes see their parent gone and stop (--exit_with_parent)
+        up.wait()
 
 
 def _assert_nothing_listens_beyond_loopback(pid: int) -> None:
