@@ -215,14 +215,15 @@ class LocalCluster:
     def _spawn_worker(self, role: str, index: int, port: int) -> _Process:
         core = core_of(role, index, os.cpu_count() or 1)
         args = ["--port", str(port), "--engine.model", str(self.model_dir),
-                "--engine.omp_threads_bind", str(core), *self.worker_args, *self.telemetry_args]
+                "--engine.omp_threads_bind", str(core), *self.telemetry_args]
         name = f"{NAMES[role]}-{index}"
         if role != "decode" and self.store_dir is not None:
             args += ["--store.nvme_dir", str(self.store_dir / name)]
+        if role != "prefill":  # where its engine's queues busy-poll after each step, they stay off prefill's cores
+            args += ["--process_cpus", str(core)]
+        args += self.worker_args   # the caller's flags win over these defaults
         if role == "prefill":
             args += self.prefill_args
-        else:  # where its engine's queues busy-poll after each step, they stay off prefill's cores
-            args += ["--process_cpus", str(core)]
         args += self.args_by_name.get(name, [])
         return self._spawn(name, [sys.executable, "-m", MODULES[role], *args],
                            env={**os.environ, "PDMESH_WORKER_MESH_TOKEN": self.mesh_token})

@@ -11,6 +11,8 @@ stopped after, all serving the same model with the same engine settings:
   (bench/vllm_disagg_proxy.py).
 - `pdmesh-1p1d`: `LocalCluster` (`pdmesh up --prefill 1 --decode 1`): gateway + 1 prefill (core 0) + 1 decode
   (core 1), the gateway's OpenAI HTTP API; its variants add worker or gateway flags.
+- `pdmesh-adaptive`: `pdmesh up`'s default: 2 workers taking both roles, one per core, placed per
+  request by the gateway; its variants, as the static split's, add worker flags.
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ ARMS: dict[str, System] = {s.name: s for s in (
            description="pdmesh 1P + 1D, the engines' queues busy-poll 1 s after each message (vLLM's way)"),
     System("pdmesh-adaptive", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"), static=False,
            description="pdmesh, 2 workers taking both roles (one per core), adaptive placement per request"),
+    System("pdmesh-adaptive-unpinned", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"),
+           worker_args=("--process_cpus", ""), static=False,
+           description="pdmesh-adaptive with each worker's processes free to run on any core (only its "
+                       "engine's compute threads bound to one), as vLLM's own server runs"),
+    System("pdmesh-adaptive-spin", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"),
+           worker_args=("--engine_queue_spin_s", "1"), static=False,
+           description="pdmesh-adaptive with vLLM's spinning queue readers (1 s after each message)"),
+    System("pdmesh-adaptive-spin-unpinned", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"),
+           worker_args=("--engine_queue_spin_s", "1", "--process_cpus", ""), static=False,
+           description="pdmesh-adaptive-unpinned with vLLM's spinning queue readers"),
 )}
 
 

@@ -101,3 +101,18 @@ def test_workers_taking_both_roles_take_the_cores_in_turn_and_the_split_keeps_it
 
     assert [core_of("both", i, 2) for i in range(3)] == [0, 1, 0]
     assert (core_of("prefill", 0, 2), core_of("decode", 0, 2), core_of("decode", 1, 4)) == (0, 1, 3)
+
+
+def test_a_workers_flags_put_the_callers_after_the_clusters_defaults_on_a_port_a_restart_can_bind(tmp_path,
+                                                                                                  monkeypatch):
+    spawned: dict[str, list[str]] = {}
+    cluster = LocalCluster(tmp_path / "model", tmp_path / "run", num_prefill=0, num_decode=0, num_both=1,
+                           worker_args=["--process_cpus", ""], args_by_name={"node-0": ["--kv_port", "20001"]})
+    monkeypatch.setattr(cluster, "_spawn", lambda name, command, env=None, restart=False: spawned.update(
+        {name: command}))
+    cluster._spawn_worker("both", 0, 20000)
+    (command,) = spawned.values()
+    assert command[command.index("--port") + 1] == "20000"
+    # the cluster pins the worker to its core; the caller's flag, later, wins (the last value counts)
+    assert [command[i + 1] for i, flag in enumerate(command) if flag == "--process_cpus"] == ["0", ""]
+    assert command[-2:] == ["--kv_port", "20001"]
