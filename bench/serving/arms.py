@@ -79,6 +79,13 @@ ARMS: dict[str, System] = {s.name: s for s in (
     System("pdmesh-adaptive-spin-unpinned", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"),
            worker_args=("--engine_queue_spin_s", "1", "--process_cpus", ""), static=False,
            description="pdmesh-adaptive-unpinned with vLLM's spinning queue readers"),
+    System("pdmesh-1worker", "pdmesh", num_both=1, gateway_args=("--disagg_policy", "adaptive"),
+           worker_args=("--process_cpus", ""), static=False,
+           description="pdmesh with one worker taking both roles, its model on core 0, its other processes "
+                       "and the gateway free (vllm-1core's layout behind the gateway)"),
+    System("pdmesh-1worker-spin", "pdmesh", num_both=1, gateway_args=("--disagg_policy", "adaptive"),
+           worker_args=("--process_cpus", "", "--engine_queue_spin_s", "1"), static=False,
+           description="pdmesh-1worker with vLLM's spinning queue readers"),
 )}
 
 
