@@ -54,6 +54,16 @@ class System:
     num_both: int = 0              # pdmesh: workers taking both roles instead of the 1P + 1D split
 
 
+UNPINNED = ("--process_cpus", "")          # a worker's processes on any core; its model's threads stay bound
+SPIN = ("--engine_queue_spin_s", "1")      # vLLM's spinning queue readers
+
+
+def _both_roles(name: str, description: str, worker_args: tuple[str, ...] = (), num_both: int = 2) -> System:
+    """A mesh of workers taking both roles, placed per request by the gateway."""
+    return System(name, "pdmesh", num_both=num_both, gateway_args=("--disagg_policy", "adaptive"),
+                  worker_args=worker_args, static=False, description=description)
+
+
 ARMS: dict[str, System] = {s.name: s for s in (
     System("vllm", "vllm", cores="0-1", description="monolithic vLLM, one engine on both cores"),
     System("vllm-1core", "vllm", cores="0", description="monolithic vLLM on core 0 only"),
@@ -67,25 +77,18 @@ ARMS: dict[str, System] = {s.name: s for s in (
     System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",), description="pdmesh 1P + 1D, no KV store"),
     System("pdmesh-spin", "pdmesh", worker_args=("--engine_queue_spin_s", "1"),
            description="pdmesh 1P + 1D, the engines' queues busy-poll 1 s after each message (vLLM's way)"),
-    System("pdmesh-adaptive", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"), static=False,
-           description="pdmesh, 2 workers taking both roles (one per core), adaptive placement per request"),
-    System("pdmesh-adaptive-unpinned", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"),
-           worker_args=("--process_cpus", ""), static=False,
-           description="pdmesh-adaptive with each worker's processes free to run on any core (only its "
-                       "engine's compute threads bound to one), as vLLM's own server runs"),
-    System("pdmesh-adaptive-spin", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"),
-           worker_args=("--engine_queue_spin_s", "1"), static=False,
-           description="pdmesh-adaptive with vLLM's spinning queue readers (1 s after each message)"),
-    System("pdmesh-adaptive-spin-unpinned", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive"),
-           worker_args=("--engine_queue_spin_s", "1", "--process_cpus", ""), static=False,
-           description="pdmesh-adaptive-unpinned with vLLM's spinning queue readers"),
-    System("pdmesh-1worker", "pdmesh", num_both=1, gateway_args=("--disagg_policy", "adaptive"),
-           worker_args=("--process_cpus", ""), static=False,
-           description="pdmesh with one worker taking both roles, its model on core 0, its other processes "
-                       "and the gateway free (vllm-1core's layout behind the gateway)"),
-    System("pdmesh-1worker-spin", "pdmesh", num_both=1, gateway_args=("--disagg_policy", "adaptive"),
-           worker_args=("--process_cpus", "", "--engine_queue_spin_s", "1"), static=False,
-           description="pdmesh-1worker with vLLM's spinning queue readers"),
+    _both_roles("pdmesh-adaptive", "pdmesh, 2 workers taking both roles (one per core), adaptive placement "
+                "per request"),
+    _both_roles("pdmesh-adaptive-unpinned", "pdmesh-adaptive with each worker's processes free to run on any "
+                "core (only its engine's compute threads bound to one), as vLLM's own server runs", UNPINNED),
+    _both_roles("pdmesh-adaptive-spin", "pdmesh-adaptive with vLLM's spinning queue readers (1 s after each "
+                "message)", SPIN),
+    _both_roles("pdmesh-adaptive-spin-unpinned", "pdmesh-adaptive-unpinned with vLLM's spinning queue readers",
+                SPIN + UNPINNED),
+    _both_roles("pdmesh-1worker", "pdmesh with one worker taking both roles, its model on core 0, its other "
+                "processes and the gateway free (vllm-1core's layout behind the gateway)", UNPINNED, num_both=1),
+    _both_roles("pdmesh-1worker-spin", "pdmesh-1worker with vLLM's spinning queue readers", UNPINNED + SPIN,
+                num_both=1),
 )}
 
 
