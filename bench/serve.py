@@ -81,7 +81,7 @@ def write_report(path_base: Path, rows: list[Row], arms: list[str], candidate: s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
-    parser.add_argument("--arms", default="vllm,replicas,pdmesh-1p1d,pdmesh-adaptive")
+    parser.add_argument("--arms", default="vllm,vllm-1core,replicas,pdmesh-1p1d,pdmesh-adaptive")
     parser.add_argument("--candidate", default="pdmesh-adaptive", help="the arm divided by the best other static arm")
     parser.add_argument("--workloads", default="", help="comma-separated subset of the profile's workloads")
     parser.add_argument("--repeats", type=int, default=3)
