@@ -1,7 +1,7 @@
 """The serving benchmark: the adaptive mesh against monolithic vLLM, plain replicas and static
 P/D splits, every arm in one invocation, on this machine's two cores.
 
-python -m bench.serve [--profile full|mid|smoke] [--arms vllm,replicas,pdmesh-1p1d,...]
+python -m bench.serve [--profile full|mid|smoke] [--arms vllm,vllm-1core,replicas,...]
                       [--workloads short,long,...] [--repeats 3] [--candidate ARM] [--merge]
 
 Arms: bench/serving/arms.py. Workloads, SLO pairs, seeds: bench/serving/workloads.py. Closed-loop and
