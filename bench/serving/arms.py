@@ -56,6 +56,7 @@ class System:
 
 UNPINNED = ("--process_cpus", "")          # a worker's processes on any core; its model's threads stay bound
 SPIN = ("--engine_queue_spin_s", "1")      # vLLM's spinning queue readers
+PRIMITIVE_CACHE = ("--engine.onednn_primitive_cache_capacity", "1024")   # oneDNN's default; pdmesh's is 0
 
 
 def _both_roles(name: str, description: str, worker_args: tuple[str, ...] = (), num_both: int = 2) -> System:
@@ -89,6 +90,9 @@ ARMS: dict[str, System] = {s.name: s for s in (
                 "processes and the gateway free (vllm-1core's layout behind the gateway)", UNPINNED, num_both=1),
     _both_roles("pdmesh-1worker-spin", "pdmesh-1worker with vLLM's spinning queue readers", UNPINNED + SPIN,
                 num_both=1),
+    _both_roles("pdmesh-1worker-spin-cache", "pdmesh-1worker-spin with oneDNN's primitive cache on (1024, "
+                "oneDNN's default)", UNPINNED + SPIN + PRIMITIVE_CACHE, num_both=1),
+    _both_roles("pdmesh-adaptive-cache", "pdmesh-adaptive with oneDNN's primitive cache on", PRIMITIVE_CACHE),
 )}
 
 
