@@ -61,7 +61,7 @@ def write_report(path_base: Path, rows: list[Row], arms: list[str], candidate: s
     others = [name for name in arms if name != candidate and ARMS[name].static]
     per_arm = figures(rows)
     found = ratios(per_arm, candidate, others)
-    chart = plot_verdict(found, candidate, path_base.with_name(path_base.name + "_verdict.png"))
+    chart = plot_verdict(found, candidate, path_base.with_name(path_base.name + "_verdict.png"), TARGET)
     stamps = sorted({(row.code, row.machine) for row in rows})
     lines = [f"# Serving, profile {profile} (python -m bench.serve; generated)", "",
              f"Run on {', '.join(f'{code} ({machine})' for code, machine in stamps)}; rows from "

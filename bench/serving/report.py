@@ -154,7 +154,7 @@ def verdict_table(found: Sequence[Ratio], candidate: str, target: float) -> str:
     return "\n".join(lines)
 
 
-def plot_verdict(found: Sequence[Ratio], candidate: str, path: Path) -> Path:
+def plot_verdict(found: Sequence[Ratio], candidate: str, path: Path, target: float) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,6 +166,8 @@ def plot_verdict(found: Sequence[Ratio], candidate: str, path: Path) -> Path:
     ax.bar(range(len(shown)), [min(m, 5.0) for m in mids], color="#4c72b0",
            yerr=[[m - lo for m, lo in zip(mids, lows)], [hi - m for m, hi in zip(mids, highs)]], capsize=4)
     ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(target, color="#c44e52", linewidth=0.8, linestyle="--", label=f"target {target:g}×")
+    ax.legend(loc="lower right", fontsize=7)
     ax.set_xticks(range(len(shown)), [f"{r.workload}\n{r.measure}" for r in shown], fontsize=7)
     ax.set_ylabel(f"{candidate} ÷ best other arm")
     fig.tight_layout()
