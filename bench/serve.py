@@ -107,10 +107,15 @@ def main(argv: list[str] | None = None) -> None:
     kept = kept_rows(earlier, arms, [w.name for w in workloads], stamp) if args.merge else []
 
     def save(rows: list[Row]) -> None:
+        """The rows so far, with the workloads and arms they hold (kept ones included)."""
+        held = kept + rows
+        workload_names, arm_names = {r.workload for r in held}, {r.arm for r in held} | set(arms)
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({"profile": args.profile, "workloads": [asdict(w) for w in workloads],
-                                         "arms": {name: asdict(ARMS[name]) for name in arms},
-                                         "rows": to_json(kept + rows)}, indent=1))
+        json_path.write_text(json.dumps({
+            "profile": args.profile,
+            "workloads": [asdict(w) for w in PROFILES[args.profile] if w.name in workload_names or w in workloads],
+            "arms": {name: asdict(system) for name, system in ARMS.items() if name in arm_names},
+            "rows": to_json(held)}, indent=1))
 
     with tempfile.TemporaryDirectory(prefix="pdmesh-serving-logs-") as log_dir:
         rows = run([ARMS[name] for name in arms], model_dir_for(workloads), workloads, args.repeats, stamp,

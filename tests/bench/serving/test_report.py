@@ -87,3 +87,22 @@ def test_the_meshs_overhead_is_its_ttft_at_one_request_per_second_over_one_core_
     assert overhead_table(rows[:1], "cand", "vllm-1core", 1.0, 1.1) == ""   # the baseline did not run
     write_report(tmp_path / "serving_x", rows, ["vllm-1core", "cand"], "cand", "x")
     assert "| long | 1.2 [1.1–1.3] | not met |" in (tmp_path / "serving_x.md").read_text()
+
+
+def test_a_merged_run_saves_the_workloads_and_arms_of_every_row_it_keeps(tmp_path, monkeypatch):
+    import json
+
+    import bench.serve as serve
+    from bench.serving.rows import to_json
+
+    monkeypatch.setattr(serve, "run_stamp", lambda: STAMP)
+    monkeypatch.setattr(serve, "model_dir_for", lambda workloads: tmp_path)
+    short_row = _row("vllm-1core", "short", 4, 0, kind="closed", tokens=100)
+    monkeypatch.setattr(serve, "run", lambda arms, model_dir, workloads, repeats, stamp, log_dir, timeout_s, save:
+                        save([short_row]) or [short_row])
+    (tmp_path / "serving_full.json").write_text(json.dumps({"rows": to_json(_poisson("vllm", 0, 2.0))}))
+    serve.main(["--workloads", "short", "--arms", "vllm-1core", "--merge", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "serving_full.json").read_text())
+    assert [w["name"] for w in saved["workloads"]] == ["short", "long"]
+    assert sorted(saved["arms"]) == ["vllm", "vllm-1core"]
+    assert {(r["arm"], r["workload"]) for r in saved["rows"]} == {("vllm", "long"), ("vllm-1core", "short")}
