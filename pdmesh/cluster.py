@@ -101,11 +101,10 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            roles = [role for role, count in (("prefill", self.num_prefill), ("decode", self.num_decode),
-                                              (BOTH, self.num_both)) for _ in range(count)]
-            ports = ports_outside_ephemeral_range(len(roles))   # a restart binds its port again
-            workers = [self._spawn_worker(role, roles[:n].count(role), port)
-                       for n, (role, port) in enumerate(zip(roles, ports))]
+            counts = (("prefill", self.num_prefill), ("decode", self.num_decode), (BOTH, self.num_both))
+            # below the ephemeral range: a restarted worker binds its port again
+            ports = iter(ports_outside_ephemeral_range(sum(count for _, count in counts)))
+            workers = [self._spawn_worker(role, i, next(ports)) for role, count in counts for i in range(count)]
             ready = [self._wait_ready(p) for p in workers]
             self.prefill_addresses = [r["address"] for r in ready if r["role"] == "prefill"]
             self.decode_addresses = [r["address"] for r in ready if r["role"] == "decode"]

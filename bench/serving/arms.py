@@ -76,7 +76,7 @@ ARMS: dict[str, System] = {s.name: s for s in (
     System("pdmesh-cond", "pdmesh", gateway_args=("--disagg_policy", "conditional"),
            description="pdmesh 1P + 1D, conditional disaggregation (decode may prefill locally)"),
     System("pdmesh-nostore", "pdmesh", worker_args=("--no-store.enabled",), description="pdmesh 1P + 1D, no KV store"),
-    System("pdmesh-spin", "pdmesh", worker_args=("--engine_queue_spin_s", "1"),
+    System("pdmesh-spin", "pdmesh", worker_args=SPIN,
            description="pdmesh 1P + 1D, the engines' queues busy-poll 1 s after each message (vLLM's way)"),
     _both_roles("pdmesh-adaptive", "pdmesh, 2 workers taking both roles (one per core), adaptive placement "
                 "per request"),
