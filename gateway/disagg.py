@@ -111,9 +111,8 @@ class DisaggCosts:
 
 class DisaggPolicy:
     def __init__(self, name: str, costs: DisaggCosts, max_local_stall_s: float,
-                 seen: SeenPrefixes | None = None, pack_streams: int = 0) -> None:
+                 seen: SeenPrefixes | None = None) -> None:
         self.name = name
-        self.pack_streams = pack_streams   # adaptive: a worker takes this many streams before an idle one any
         self.costs = costs
         self.seen = seen or SeenPrefixes()
         self._max_local_stall_s = max_local_stall_s

@@ -45,7 +45,7 @@ class MeshGenerator:
         self._metrics = metrics
         self.disagg = DisaggPolicy(settings.disagg_policy,
                                    DisaggCosts(settings.disagg_initial_handoff_s),
-                                   settings.max_local_stall_s, pack_streams=settings.pack_streams)
+                                   settings.max_local_stall_s)
         self.admission = Admission(settings.max_in_flight, settings.max_in_flight_per_tenant)
         self._salts = CacheSalts(salt_key(settings.salt_secret, settings.mesh_token))
 

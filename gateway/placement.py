@@ -87,13 +87,11 @@ UNMEASURED = _Computing(0.0, float("inf"), float("inf"), 0)
 
 
 class Placement:
-    def __init__(self, costs: DisaggCosts, seen: SeenPrefixes, flows: Flows, slo: RequestSlo,
-                 pack_streams: int = 0) -> None:
+    def __init__(self, costs: DisaggCosts, seen: SeenPrefixes, flows: Flows, slo: RequestSlo) -> None:
         self.costs = costs
         self.seen = seen
         self.flows = flows
         self.slo = slo
-        self.pack_streams = pack_streams
 
     def options(self, prompt: PromptNames, prefills: Sequence[RatedWorker],
                 decodes: Sequence[RatedWorker]) -> list[Option]:
@@ -112,16 +110,7 @@ class Placement:
                         for d in decodes if p is not d and readable(p, d)]
 
     def choose(self, options: Sequence[Option]) -> Option:
-        return min(options, key=lambda o: (not self.within_slo(o), self.packing(o), round(o.harm_s, 6), o.ttft_s,
-                                           o.decode_streams))
-
-    def packing(self, option: Option) -> tuple[int, int]:
-        """(0, -streams) for a worker that serves whole and has streams, fewer than pack_streams: the
-        fullest such first, and before any other option; (1, 0) for every other option."""
-        streams = option.decode_streams
-        if option.local and 0 < streams < self.pack_streams:
-            return 0, -streams
-        return 1, 0
+        return min(options, key=lambda o: (not self.within_slo(o), round(o.harm_s, 6), o.ttft_s, o.decode_streams))
 
     def within_slo(self, option: Option) -> bool:
         """Predicted within the request's TTFT SLO, and decoded where streams run within its TPOT SLO."""
@@ -174,7 +163,7 @@ async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, exc
     decodes = [w for w in decodes if w.address != moving_from] or decodes
     if not decodes:   # marked down by another request's failed call while this one waited
         raise NoWorkerAvailable("every decode worker went down")
-    placement = Placement(disagg.costs, disagg.seen, disagg.flows, slo, disagg.pack_streams)
+    placement = Placement(disagg.costs, disagg.seen, disagg.flows, slo)
     options = placement.options(prompt, prefills, decodes)
     option = placement.choose(options)
     placement.record(prompt, option)

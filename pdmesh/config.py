@@ -358,11 +358,6 @@ class GatewaySettings(_LayeredSettings):
     ttft_slo_s: float = Field(2.5, gt=0)
     tpot_slo_s: float = Field(0.06, ge=0)
     tenant_slos: dict[str, SloSettings] = Field(default_factory=dict)
-    # adaptive: short prompts fill a worker up to this many streams before another, idle one takes any
-    # (0: spread): where the model is cheap beside the engine's own Python, one engine's model on one core
-    # with its other processes on the idle worker's core serves a light load faster than two engines
-    # (bench/REPORT.md, serving: the short workload at 4 streams)
-    pack_streams: int = Field(0, ge=0)
     max_local_stall_s: float = 0.1          # conditional: a busy decode prefills locally only if its streams wait <= this
     disagg_initial_handoff_s: float = 0.02         # conditional: prefill response -> decode's first token, until measured
     # Routing (gateway/routing.py explains the cost model): "round_robin", "least_loaded", "prefix_aware".

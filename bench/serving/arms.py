@@ -59,10 +59,9 @@ SPIN = ("--engine_queue_spin_s", "1")      # vLLM's spinning queue readers
 PRIMITIVE_CACHE = ("--engine.onednn_primitive_cache_capacity", "1024")   # oneDNN's default; pdmesh's is 0
 
 
-def _both_roles(name: str, description: str, worker_args: tuple[str, ...] = (), num_both: int = 2,
-                gateway_args: tuple[str, ...] = ()) -> System:
+def _both_roles(name: str, description: str, worker_args: tuple[str, ...] = (), num_both: int = 2) -> System:
     """A mesh of workers taking both roles, placed per request by the gateway."""
-    return System(name, "pdmesh", num_both=num_both, gateway_args=("--disagg_policy", "adaptive", *gateway_args),
+    return System(name, "pdmesh", num_both=num_both, gateway_args=("--disagg_policy", "adaptive"),
                   worker_args=worker_args, static=False, description=description)
 
 
@@ -93,10 +92,6 @@ ARMS: dict[str, System] = {s.name: s for s in (
                 num_both=1),
     _both_roles("pdmesh-1worker-spin-cache", "pdmesh-1worker-spin with oneDNN's primitive cache on (1024, "
                 "oneDNN's default)", UNPINNED + SPIN + PRIMITIVE_CACHE, num_both=1),
-    _both_roles("pdmesh-adaptive-pack", "pdmesh-adaptive-spin-unpinned whose gateway fills a worker to 4 streams "
-                "before the other takes any (--pack_streams 4)", SPIN + UNPINNED, gateway_args=("--pack_streams", "4")),
-    _both_roles("pdmesh-adaptive-pack8", "pdmesh-adaptive-pack filling a worker to 8 streams", SPIN + UNPINNED,
-                gateway_args=("--pack_streams", "8")),
     _both_roles("pdmesh-adaptive-cache", "pdmesh-adaptive with oneDNN's primitive cache on", PRIMITIVE_CACHE),
 )}
 

@@ -26,9 +26,9 @@ class _Worker:
 
 
 def _placement(ttft_slo_s: float = 2.5, handoff_s: float = 0.02, tpot_slo_s: float = 0.0,
-               flows: Flows | None = None, pack_streams: int = 0) -> Placement:
+               flows: Flows | None = None) -> Placement:
     return Placement(DisaggCosts(initial_handoff_s=handoff_s), SeenPrefixes(), flows or Flows(),
-                     RequestSlo(ttft_slo_s, tpot_slo_s), pack_streams)
+                     RequestSlo(ttft_slo_s, tpot_slo_s))
 
 
 def _prompt(num_tokens: int, first: int = 0) -> PromptNames:
@@ -43,28 +43,6 @@ def _chosen(placement, prompt, workers):
 def test_a_short_prompt_on_an_idle_mesh_is_served_whole_on_the_least_busy_worker():
     a, b = _Worker("a", 10_000, streams=3), _Worker("b", 10_000, streams=1)
     assert _chosen(_placement(), _prompt(100), [a, b]) == (None, "b")
-
-
-def test_packing_fills_a_busy_worker_to_pack_streams_before_an_idle_one_takes_any():
-    """pack_streams 4: the worker with 1..3 streams serves the next short prompt whole, the fuller
-    first; at 4 the least busy serves; with no worker busy, the listing order decides."""
-    a, b, c = _Worker("a", 10_000), _Worker("b", 10_000, streams=1), _Worker("c", 10_000, streams=2)
-    placement = _placement(pack_streams=4)
-    assert _chosen(placement, _prompt(100), [a, b]) == (None, "b")
-    assert _chosen(placement, _prompt(100), [a, b, c]) == (None, "c")
-    c.streams = 4
-    assert _chosen(placement, _prompt(100), [a, b, c]) == (None, "b")
-    b.streams = 4
-    assert _chosen(placement, _prompt(100), [a, b, c]) == (None, "a")
-    assert _chosen(_placement(pack_streams=0), _prompt(100), [_Worker("a", 10_000), b]) == (None, "a")
-
-
-def test_packing_yields_to_the_slo():
-    """A busy worker whose queued prompts put the request past its TTFT SLO is not packed onto."""
-    a, b = _Worker("a", 10_000), _Worker("b", 10_000, streams=2)
-    placement = _placement(ttft_slo_s=1.0, pack_streams=4)
-    placement.costs.queued_tokens["b"] = 20_000
-    assert _chosen(placement, _prompt(100), [a, b]) == (None, "a")
 
 
 def test_a_long_prompt_is_computed_where_the_fewest_streams_wait_for_it():
