@@ -96,7 +96,7 @@ def _scenario(args, token_interval_ms: float, work: Path) -> dict:
                      "--prefill_workers", json.dumps([stubs["prefill"]]),
                      "--decode_workers", json.dumps([stubs["decode"]]),
                      "--max_in_flight", str(args.concurrency * 2), "--ready_file", str(gateway_ready),
-                     "--exit_with_parent"], gateway_ready, work / "gateway.log") as gateway:
+                     "--exit_with_parent", *args.gateway_args.split()], gateway_ready, work / "gateway.log") as gateway:
         direct = asyncio.run(_direct(stubs["decode"], args))
         cpu_before = _cpu_seconds(gateway["pid"])
         through = asyncio.run(_through_gateway(gateway["address"], args))
@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--paced-interval-ms", type=float, default=50.0)
+    parser.add_argument("--gateway-args", default="", help="more gateway flags, e.g. '--disagg_policy local' "
+                        "(the prompt computed on the decode worker: one call a request, not two)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         scenarios = {"burst": _scenario(args, 0.0, Path(work)),
