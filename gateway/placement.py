@@ -168,7 +168,8 @@ async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, exc
     option = placement.choose(options)
     placement.record(prompt, option)
     computing = option.computing.address
-    if not moving_from and any(w.address != computing for w in decodes):
-        disagg.flows.ask_at_risk_to_move(computing, option.compute_s, disagg.costs.handoff_s.value)
+    if not moving_from:
+        disagg.flows.ask_at_risk_to_move(computing, option.compute_s, disagg.costs.handoff_s.value,
+                                         [w.address for w in decodes if w.address != computing])
     reason = "move" if moving_from else placement.reason(options, option)
     return option.prefill, option.decode, disagg.count(option.decision(reason))

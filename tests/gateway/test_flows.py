@@ -28,9 +28,9 @@ def test_a_stream_is_at_risk_when_the_stall_over_its_tokens_takes_its_tpot_past_
     safe = _stream(flows, "a", 0.03, num_tokens=10, num_left=90)
     elsewhere = _stream(flows, "b", 0.04, num_tokens=10, num_left=90)
     assert at_risk.tpot_after_stall_s(1.0) == pytest.approx(0.04 + 1.0 / 99)
-    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1) == 1
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["idle"]) == 1
     assert (at_risk.move_asked, safe.move_asked, elsewhere.move_asked) == (True, False, False)
-    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1) == 0   # asked once
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["idle"]) == 0   # asked once
     assert flows.moves_asked == 1
 
 
@@ -41,10 +41,28 @@ def test_no_move_when_moving_costs_more_than_the_stall_or_the_stream_cannot_move
     ending = _stream(flows, "a", 0.04, num_tokens=10, num_left=1, tpot_slo_s=0.01)     # nothing left to save
     no_slo = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, tpot_slo_s=0.0)     # asked for none
     fine = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, tpot_slo_s=0.01)
-    assert flows.ask_at_risk_to_move("a", stall_s=0.1, move_s=0.1) == 0   # the move takes as long
-    assert flows.ask_at_risk_to_move("a", stall_s=0.2, move_s=0.1) == 1
+    assert flows.ask_at_risk_to_move("a", stall_s=0.1, move_s=0.1, destinations=["idle"]) == 0   # move as long
+    assert flows.ask_at_risk_to_move("a", stall_s=0.2, move_s=0.1, destinations=["idle"]) == 1
     assert [s.move_asked for s in (moved_once, starting, ending, no_slo, fine)] == [False, False, False, False,
                                                                                      True]
+
+
+def test_a_stream_moves_only_where_it_would_be_decoded_within_its_slo():
+    """a's stream is at risk; b decodes 3 streams at 0.03 s/token: with one more, 0.04 s, within the
+    stream's 0.05 s SLO. At 0.045 s/token (0.06 with one more) b has no room: nothing moves, as with
+    no other worker at all."""
+    flows = Flows()
+    at_risk = _stream(flows, "a", 0.04, num_tokens=10, num_left=90)
+    busy = [_stream(flows, "b", 0.045, num_tokens=10, num_left=90, tpot_slo_s=0.0) for _ in range(3)]
+    assert flows.tpot_with_one_more_s("b") == pytest.approx(0.06)
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["b"]) == 0
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=[]) == 0
+    for stream in busy:
+        flows.close(stream)
+    for _ in range(3):
+        _stream(flows, "b", 0.03, num_tokens=10, num_left=90, tpot_slo_s=0.0)
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["b"]) == 1
+    assert at_risk.move_asked
 
 
 def test_closing_the_last_stream_forgets_its_worker():
@@ -71,7 +89,8 @@ async def test_a_stream_asked_to_move_resumes_on_the_other_worker_every_token_on
             if len(token_ids) == 4:
                 flows = gateway.generator.disagg.flows
                 (worker, streams), = flows.streams.items()
-                assert flows.ask_at_risk_to_move(worker, stall_s=100.0, move_s=0.0) == 1
+                assert flows.ask_at_risk_to_move(worker, stall_s=100.0, move_s=0.0,
+                                                 destinations=[a for a in addresses if a != worker]) == 1
         await asyncio.sleep(0)
     finally:
         await gateway.stop(0)
