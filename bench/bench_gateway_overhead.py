@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import statistics
 import tempfile
 import time
@@ -96,7 +97,8 @@ def _scenario(args, token_interval_ms: float, work: Path) -> dict:
                      "--prefill_workers", json.dumps([stubs["prefill"]]),
                      "--decode_workers", json.dumps([stubs["decode"]]),
                      "--max_in_flight", str(args.concurrency * 2), "--ready_file", str(gateway_ready),
-                     "--exit_with_parent", *args.gateway_args.split()], gateway_ready, work / "gateway.log") as gateway:
+                     "--exit_with_parent", *shlex.split(args.gateway_args)], gateway_ready,
+                    work / "gateway.log") as gateway:
         direct = asyncio.run(_direct(stubs["decode"], args))
         cpu_before = _cpu_seconds(gateway["pid"])
         through = asyncio.run(_through_gateway(gateway["address"], args))

@@ -6,8 +6,9 @@ python -m bench.bench_idle_ttft [--requests 8 --prompt-len 2000 --output-len 8]
 Monolithic vLLM (its OpenAI server, one engine on both cores), then pdmesh (the static split,
 `pdmesh up --prefill 1 --decode 1`: gateway + prefill on core 0 + decode on core 1; its OpenAI API
 for TTFT, like vLLM's, and the same prompts over gRPC afterwards for the per-request transfer
-figures: the decode's KV pull and its first block). Fresh prompts for every request, so no prefix cache helps. Medians and ratios;
-writes bench/report/idle_ttft.json and .png (`--out` names another pair).
+figures: the decode's KV pull and its first block). Fresh prompts for every request, so no prefix
+cache helps. Medians and ratios; writes bench/report/idle_ttft.json and .png (`--out` names
+another pair).
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ All on core 0, the core a static split (`pdmesh up --prefill 1 --decode 1`) give
 worker: (a) monolithic vLLM's OpenAI server running the prompts with max_tokens=1; (b) a pdmesh
 prefill worker with its KV store off and (c) on (device, DRAM and NVMe tiers), sent Prefill RPCs
 and releasing each KV handle at once, as the gateway does when decode has pulled. Each round sends
-all its prompts at once (fresh prompts every round, so no cache helps) and measures the wall time to the last answer. Writes
-bench/report/prefill_capacity.json and .png; the serving issue's targets are (b)/(a) >= 0.9 and
-(c)/(b) >= 0.9.
+all its prompts at once (fresh prompts every round, so no cache helps) and measures the wall time
+to the last answer. Writes bench/report/prefill_capacity.json and .png; the serving issue's
+targets are (b)/(a) >= 0.9 and (c)/(b) >= 0.9.
 """
 
 from __future__ import annotations
