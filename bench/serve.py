@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench.common import REPORT_DIR
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default="vllm,vllm-1core,replicas,pdmesh-1p1d,pdmesh-adaptive")
     parser.add_argument("--candidate", default="pdmesh-adaptive", help="the arm divided by the best other static arm")
     parser.add_argument("--workloads", default="", help="comma-separated subset of the profile's workloads")
+    parser.add_argument("--points", default="", help="comma-separated points to run instead of each workload's own "
+                        "(an A/B at one rate; not the report's rows)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--merge", action="store_true", help="keep the earlier report's rows not run now")
     parser.add_argument("--out", default=str(REPORT_DIR))
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="run nothing: rewrite the report from the JSON")
     args = parser.parse_args(argv)
     workloads = [w for w in PROFILES[args.profile] if not args.workloads or w.name in args.workloads.split(",")]
+    if args.points:
+        workloads = [replace(w, points=tuple(float(p) for p in args.points.split(","))) for w in workloads]
     arms = args.arms.split(",")
     unknown = [name for name in arms if name not in ARMS]
     if unknown:

@@ -92,6 +92,11 @@ ARMS: dict[str, System] = {s.name: s for s in (
                 num_both=1),
     _both_roles("pdmesh-1worker-spin-cache", "pdmesh-1worker-spin with oneDNN's primitive cache on (1024, "
                 "oneDNN's default)", UNPINNED + SPIN + PRIMITIVE_CACHE, num_both=1),
+    System("pdmesh-whole", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "local"), static=False,
+           description="2 workers taking both roles, every request served whole on one (placed by the routing "
+           "policy): the adaptive mesh's placement without remote prefills or moves"),
+    System("pdmesh-adaptive-nomove", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive",
+           "--tpot_slo_s", "0"), static=False, description="pdmesh-adaptive without a TPOT SLO: no stream moves"),
     _both_roles("pdmesh-adaptive-cache", "pdmesh-adaptive with oneDNN's primitive cache on", PRIMITIVE_CACHE),
 )}
 
