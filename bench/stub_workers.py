@@ -3,7 +3,8 @@
 python -m bench.stub_workers READY_FILE [--num-tokens 16] [--token-interval-ms 0]
 Serves WorkerInfo + Prefill on one port and WorkerInfo + Decode on another; prefill answers a KV
 handle at once, decode streams `--num-tokens` tokens (the prompt's ids, repeated), one every
-`--token-interval-ms` (an engine step; 0: as fast as gRPC sends them). Writes {"prefill": host:port, "decode": host:port} to READY_FILE; stops on SIGTERM.
+`--token-interval-ms` (an engine step: every stream's token comes out at the same tick, as from an
+engine's batch; 0: as fast as gRPC sends them), over Decode or DecodeStreams. Writes {"prefill": host:port, "decode": host:port} to READY_FILE; stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from decode.decode_streams import DecodeStreamsCall
 from pdmesh.grpc_server import AioServer, wait_for_termination_signal, write_ready_file
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -26,6 +28,8 @@ class StubWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
                                                   kv_address="127.0.0.1:1", vocab_size=1024)
         self._num_tokens = num_tokens
         self._token_interval_s = token_interval_s
+        self._step = asyncio.Condition()
+        self._stepping: asyncio.Task | None = None
 
     async def GetInfo(self, request, context):
         return self.info
@@ -37,10 +41,33 @@ class StubWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
                                    num_tokens=len(request.prompt_token_ids), compat=COMPAT))
 
     async def Decode(self, request, context):
+        async for chunk in self._decode(request):
+            yield chunk
+
+    async def DecodeStreams(self, request_iterator, context):
+        async for message in DecodeStreamsCall(self._decode).serve(request_iterator):
+            yield message
+
+    async def _next_step(self) -> None:
+        """The engine's next step: every stream's next token at the same tick."""
+        if not self._token_interval_s:
+            await asyncio.sleep(0)
+            return
+        if self._stepping is None:
+            self._stepping = asyncio.ensure_future(self._steps())
+        async with self._step:
+            await self._step.wait()
+
+    async def _steps(self) -> None:
+        while True:
+            await asyncio.sleep(self._token_interval_s)
+            async with self._step:
+                self._step.notify_all()
+
+    async def _decode(self, request):
         num_tokens = min(self._num_tokens, request.sampling.max_tokens)
         for i in range(num_tokens):
-            if self._token_interval_s:
-                await asyncio.sleep(self._token_interval_s)
+            await self._next_step()
             token_id = request.prompt_token_ids[i % len(request.prompt_token_ids)]
             yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
         yield worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)

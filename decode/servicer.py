@@ -1,9 +1,11 @@
-"""Decode service: pulls the prompt's KV from prefill (via the connector) and streams tokens."""
+"""Decode service: pulls the prompt's KV from prefill (via the connector) and streams tokens, one
+call a request (Decode) or many requests over one call (DecodeStreams)."""
 
 from __future__ import annotations
 
 import logging
 
+from decode.decode_streams import DecodeStreamsCall
 from pdmesh.compat import check_readable, tp_size
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
@@ -27,6 +29,15 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     @maps_domain_errors
     async def Decode(self, request: worker_pb2.DecodeRequest, context):
+        async for chunk in self._decode(request):
+            yield chunk
+
+    async def DecodeStreams(self, request_iterator, context):
+        """Many decodes over one call (decode/decode_streams.py)."""
+        async for message in DecodeStreamsCall(self._decode).serve(request_iterator):
+            yield message
+
+    async def _decode(self, request: worker_pb2.DecodeRequest):
         with request_context(request.request_id), tracer().start_as_current_span("decode") as span, \
                 observe_request(self._metrics):
             self._check(request)

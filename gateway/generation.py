@@ -91,7 +91,7 @@ class MeshGenerator:
                                    request_slo(self._settings, tenant, request.slo))
         run = RequestRun(self._pool, self._policy, self.disagg, mesh_request, self._deadline(timeout_s),
                          self._settings.max_attempts, self._settings.first_token_from == "prefill",
-                         layerwise=self._settings.kv_flow == "layerwise")
+                         layerwise=self._settings.kv_flow == "layerwise", decode_streams=self._settings.decode_streams)
         span.set_attributes({"pdmesh.route.policy": self._policy.name, "pdmesh.prompt_tokens": len(prompt_token_ids),
                              "pdmesh.tenant": tenant})
         timer = TokenTimer(self._metrics)

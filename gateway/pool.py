@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
+from gateway.decode_streams import DecodeStreams
 from pdmesh.background import BackgroundTasks
 from pdmesh.compat import check_readable
 from pdmesh.config import TlsSettings
@@ -42,6 +43,21 @@ class Worker:
     # Its engine's prompt rate (tokens/s) as it last published it, in an answer or its registry
     # record (worker/compute_rate.py: the one estimator); 0: not known yet.
     prefill_tokens_per_s: float = 0.0
+    _streams: DecodeStreams | None = field(default=None, repr=False)
+
+    def decode_streams(self) -> DecodeStreams:
+        """The one call this gateway's decodes on the worker share (gateway/decode_streams.py)."""
+        if self._streams is None:
+            self._streams = DecodeStreams(self.channel)
+        return self._streams
+
+    async def close(self, grace_s: float | None = None) -> None:
+        """Its decodes end (grace_s: given that long), then its channel closes."""
+        if self._streams is not None and grace_s is not None:
+            await self._streams.wait_idle(grace_s)
+        if self._streams is not None:
+            await self._streams.close()
+        await self.channel.close()
 
     def published_rate(self, tokens_per_s: float) -> None:
         if tokens_per_s > 0:
@@ -86,7 +102,7 @@ class WorkerPool:
             worker.record = record
             worker.published_rate(record.prefill_tokens_per_s)
         for address in [a for a, w in self._workers.items() if not w.static and a not in seen]:
-            self._background.spawn(self._workers.pop(address).channel.close(CLOSE_GRACE_S))
+            self._background.spawn(self._workers.pop(address).close(CLOSE_GRACE_S))
 
     async def candidates(self, role: str, avoid: set[str] = frozenset()) -> list[Worker]:
         """Workers of `role` not cooling down whose info is known (asked now if not); those in
@@ -168,7 +184,7 @@ class WorkerPool:
         for probe in probes:
             probe.cancel()
         await asyncio.gather(*probes, return_exceptions=True)
-        await asyncio.gather(*(w.channel.close() for w in self._workers.values()))
+        await asyncio.gather(*(w.close() for w in self._workers.values()))
 
     def _open(self, address: str, role: str, static: bool = False) -> Worker:
         channel = open_channel(address, self._tls, mesh_token=self._mesh_token)  # calls trace themselves

@@ -27,6 +27,7 @@ from contextlib import aclosing
 
 import grpc
 
+from gateway.decode_streams import StreamFailed, decode_call
 from gateway.disagg import Decision, DisaggPolicy
 from gateway.layerwise_flow import layerwise_handle, until_prefill_fails
 from gateway.pool import Worker, WorkerPool
@@ -35,7 +36,7 @@ from gateway.prompt_names import PromptNames
 from gateway.routing import RoutePolicy
 from gateway.run_state import MeshRequest, RunState, response_of
 from pdmesh import errors
-from pdmesh.status_map import error_from_rpc_error
+from pdmesh.status_map import error_from_grpc
 from pdmesh.telemetry.grpc_client import client_span
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2, worker_pb2_grpc
 
@@ -66,7 +67,8 @@ class _Retry(Exception):
 
 class RequestRun:
     def __init__(self, pool: WorkerPool, policy: RoutePolicy, disagg: DisaggPolicy, request: MeshRequest,
-                 deadline: float, max_attempts: int, stream_prefill_token: bool, layerwise: bool = False) -> None:
+                 deadline: float, max_attempts: int, stream_prefill_token: bool, layerwise: bool = False,
+                 decode_streams: bool = True) -> None:
         self._pool = pool
         self._policy = policy
         self._disagg = disagg
@@ -76,6 +78,7 @@ class RequestRun:
         self._max_attempts = max_attempts
         self._layerwise = layerwise   # decode reads each layer while prefill computes the next
         self._stream_prefill_token = stream_prefill_token and not layerwise
+        self._decode_streams = decode_streams   # decodes share each worker's one call, else a call each
         self._excluded: set[str] = set()   # workers that failed this request
         self._prefilled_at = 0.0            # monotonic time the latest remote prefill answered
         self._moving_from = ""              # the worker the next attempt's stream moves off
@@ -205,7 +208,7 @@ class RequestRun:
             try:
                 response = await call
             except grpc.aio.AioRpcError as exc:
-                raise self._failure(exc, prefill) from exc
+                raise self._failure(StreamFailed.of_rpc_error(exc), prefill) from exc
             finally:
                 call.cancel()  # no-op once done; a cancelled request aborts the prefill
                 queued.done()
@@ -309,17 +312,18 @@ class RequestRun:
 
     async def _decode_call(self, decode: Worker,
                            request: worker_pb2.DecodeRequest) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """Decode's messages, over the worker's shared call or a call of its own (gateway/decode_streams.py);
+        closing this early (the client went away) aborts the decode, which frees its blocks."""
         with self._pool.busy(decode), client_span(DECODE_METHOD) as metadata:
-            call = worker_pb2_grpc.DecodeStub(decode.channel).Decode(request, timeout=self._time_left(),
-                                                                     metadata=metadata)
+            chunks = (decode.decode_streams().stream(request, self._time_left(), metadata) if self._decode_streams
+                      else decode_call(decode.channel, request, self._time_left(), metadata))
             try:
-                async for chunk in call:
-                    decode.published_rate(chunk.prefill_tokens_per_s)   # its last message has it
-                    yield chunk
-            except grpc.aio.AioRpcError as exc:
-                raise self._failure(exc, decode) from exc
-            finally:
-                call.cancel()  # the client went away: decode aborts and frees its blocks
+                async with aclosing(chunks):
+                    async for chunk in chunks:
+                        decode.published_rate(chunk.prefill_tokens_per_s)   # its last message has it
+                        yield chunk
+            except StreamFailed as failed:
+                raise self._failure(failed, decode) from failed
 
     def _sampling(self, num_generated: int) -> common_pb2.SamplingParams:
         sampling = common_pb2.SamplingParams()
@@ -342,16 +346,16 @@ class RequestRun:
             raise errors.DeadlineExceeded(f"request {self.request.request_id} ran out of time")
         return left
 
-    def _failure(self, exc: grpc.aio.AioRpcError, worker: Worker) -> Exception:
+    def _failure(self, failed: StreamFailed, worker: Worker) -> Exception:
         """The error to raise: _Retry (another worker may do it) or the domain error."""
-        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        if failed.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return errors.DeadlineExceeded(f"request {self.request.request_id} ran out of time on {worker.address}")
-        error = error_from_rpc_error(exc)
+        error = error_from_grpc(failed.code, failed.details, failed.metadata())
         if isinstance(error, errors.InternalError):  # the worker's own failure on this request: not retried
             return error
-        if exc.code() not in RETRYABLE_CODES and not isinstance(error, RETRYABLE):
+        if failed.code not in RETRYABLE_CODES and not isinstance(error, RETRYABLE):
             return error
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        if failed.code == grpc.StatusCode.UNAVAILABLE:
             self._pool.mark_down(worker)
         self._excluded.add(worker.address)
-        return _Retry(errors.WorkerFailed(f"{worker.role} worker {worker.address} failed: {exc.details()}"))
+        return _Retry(errors.WorkerFailed(f"{worker.role} worker {worker.address} failed: {failed.details}"))

@@ -333,6 +333,9 @@ class GatewaySettings(_LayeredSettings):
     # picked and reserves its blocks before prefill starts, and reads each layer as prefill writes it
     # (the transfer hides behind prefill's compute; decode samples the first token, first_token_from aside).
     kv_flow: Literal["pull", "layerwise"] = "pull"
+    # Every decode on a worker shares one DecodeStreams call, each engine step's tokens of all its streams
+    # one message (gateway/decode_streams.py); False: a Decode call per request (a message per token).
+    decode_streams: bool = True
     http_port: int | None = None        # OpenAI-compatible HTTP API; 0 picks a free port; None: off
     # The HTTP API's limits (gateway/http_connections.py, gateway/http_body.py). A body over http_max_body_bytes is
     # 413 (nginx allows 1 MiB, vLLM any size; a 128k-token prompt sent as ids is ~1 MB); one not all arrived within

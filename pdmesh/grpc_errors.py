@@ -15,7 +15,7 @@ from pdmesh.status_map import error_from_rpc_error, error_metadata, grpc_status_
 logger = logging.getLogger(__name__)
 
 
-def _abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple]:
+def abort_args(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple]:
     if isinstance(exc, grpc.aio.AioRpcError):  # a peer's failure: keep its meaning
         exc = error_from_rpc_error(exc)
     if isinstance(exc, PDMeshError):
@@ -34,7 +34,7 @@ def maps_domain_errors(handler):
                 async for item in handler(self, request, context):
                     yield item
             except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a crash
-                await context.abort(*_abort_args(exc))
+                await context.abort(*abort_args(exc))
         return stream_wrapper
 
     @functools.wraps(handler)
@@ -42,5 +42,5 @@ def maps_domain_errors(handler):
         try:
             return await handler(self, request, context)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a crash
-            await context.abort(*_abort_args(exc))
+            await context.abort(*abort_args(exc))
     return unary_wrapper

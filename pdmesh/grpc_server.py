@@ -22,8 +22,11 @@ class AioServer:
     def __init__(self, service_names: Iterable[str], interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> None:
         # Continues the caller's trace (traceparent + baggage) into this process. Health checks are
         # left out: probes are noise in traces, and the interceptor breaks the aio Health.Watch stream
-        # (it iterates the handler's result; Watch writes through the context and returns None).
-        tracing = aio_server_interceptor(filter_=filters.negate(filters.health_check()))
+        # (it iterates the handler's result; Watch writes through the context and returns None). So is
+        # DecodeStreams, a call as long as the gateway's life: each of its streams traces itself, a child
+        # of the gateway's span it carries (decode/decode_streams.py).
+        tracing = aio_server_interceptor(filter_=filters.negate(filters.any_of(
+            filters.health_check(), filters.full_method_name("/pdmesh.v1.Decode/DecodeStreams"))))
         self.server = grpc.aio.server(options=GRPC_OPTIONS,
                                       interceptors=[tracing, *interceptors, RejectMalformedRequests()])
         self.health = health.aio.HealthServicer()

@@ -72,11 +72,14 @@ class AioMeshTokenInterceptor(grpc.aio.ServerInterceptor):
 
         self._refuse_unary = grpc.unary_unary_rpc_method_handler(refuse)
         self._refuse_stream = grpc.unary_stream_rpc_method_handler(refuse_stream)
+        self._refuse_streams = grpc.stream_stream_rpc_method_handler(refuse_stream)   # DecodeStreams
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or _carries(handler_call_details, self._token):
             return handler
+        if handler.request_streaming:
+            return self._refuse_streams
         return self._refuse_stream if handler.response_streaming else self._refuse_unary
 
 
@@ -98,10 +101,15 @@ class _StreamTokenMetadata(_TokenMetadata, grpc.aio.UnaryStreamClientInterceptor
         return await continuation(self._details(client_call_details), request)
 
 
+class _StreamsTokenMetadata(_TokenMetadata, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
 def token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
     """Add the mesh token to every call of a grpc.aio channel (the gateway's to its workers): one per
     kind of call (a channel files an interceptor under the first kind it implements)."""
-    return [_UnaryTokenMetadata(token), _StreamTokenMetadata(token)]
+    return [_UnaryTokenMetadata(token), _StreamTokenMetadata(token), _StreamsTokenMetadata(token)]
 
 
 class _SyncMeshTokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):

@@ -213,6 +213,53 @@ class PrefillResponse(_message.Message):
     prefill_tokens_per_s: float
     def __init__(self, request_id: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., first_token_id: _Optional[int] = ..., first_text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., kv_store_tokens: _Optional[_Mapping[str, int]] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
 
+class DecodeStreamsRequest(_message.Message):
+    __slots__ = ("stream_id", "open", "cancel", "timeout_s", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    open: DecodeRequest
+    cancel: bool
+    timeout_s: float
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, stream_id: _Optional[int] = ..., open: _Optional[_Union[DecodeRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DecodeStreamsResponse(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[StreamChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[StreamChunk, _Mapping]]] = ...) -> None: ...
+
+class StreamChunk(_message.Message):
+    __slots__ = ("stream_id", "response", "error")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    response: DecodeResponse
+    error: StreamError
+    def __init__(self, stream_id: _Optional[int] = ..., response: _Optional[_Union[DecodeResponse, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+
+class StreamError(_message.Message):
+    __slots__ = ("code", "message", "error")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    error: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "kv", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -322,6 +322,11 @@ class DecodeStub:
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_worker__pb2.DecodeResponse.FromString,
                 _registered_method=True)
+        self.DecodeStreams = channel.stream_stream(
+                '/pdmesh.v1.Decode/DecodeStreams',
+                request_serializer=pdmesh_dot_v1_dot_worker__pb2.DecodeStreamsRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_worker__pb2.DecodeStreamsResponse.FromString,
+                _registered_method=True)
 
 
 class DecodeServicer:
@@ -333,6 +338,14 @@ class DecodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecodeStreams(self, request_iterator, context):
+        """Many decodes over one call (the gateway holds one per worker): what every stream produced in
+        one engine step travels as one message, not a message per stream and token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -340,6 +353,11 @@ def add_DecodeServicer_to_server(servicer, server):
                     servicer.Decode,
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.DecodeRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_worker__pb2.DecodeResponse.SerializeToString,
+            ),
+            'DecodeStreams': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecodeStreams,
+                    request_deserializer=pdmesh_dot_v1_dot_worker__pb2.DecodeStreamsRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_worker__pb2.DecodeStreamsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -369,6 +387,33 @@ class Decode:
             '/pdmesh.v1.Decode/Decode',
             pdmesh_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
             pdmesh_dot_v1_dot_worker__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecodeStreams(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pdmesh.v1.Decode/DecodeStreams',
+            pdmesh_dot_v1_dot_worker__pb2.DecodeStreamsRequest.SerializeToString,
+            pdmesh_dot_v1_dot_worker__pb2.DecodeStreamsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,6 +29,7 @@ from tests.e2e.cluster_probes import (all_saved, kill_worker, stats_of, stream_g
                                       until_left_registry, until_saved)
 from tests.e2e.conftest import (FAILOVER_PROMPT, FAILOVER_SAMPLING, HOLD_TIMEOUT_S, MAX_TOKENS, USER_CHATS,
                                 USER_TEXT_PROMPTS, in_process_gateway, mesh_channel, settled_stats)
+from tests.e2e.worker_api import WORKER_API_METHODS, call_with_empty_request
 from tests.tls_certs import make_certs
 
 pytestmark = pytest.mark.vllm
@@ -171,25 +172,11 @@ async def test_workers_accept_only_clients_with_the_gateways_certificate(users_c
     assert info.role == "decode"
 
 
-# Every method a peer can call on a worker's ports ("*": a response stream).
-WORKER_API_METHODS = {"prefill": ["WorkerInfo/GetInfo", "WorkerInfo/GetStats", "WorkerInfo/SpillKV",
-                                  "Prefill/Prefill", "Prefill/Release"],
-                      "decode": ["WorkerInfo/GetInfo", "WorkerInfo/GetStats", "WorkerInfo/SpillKV", "Decode/Decode*"]}
+# Every method a peer can call on a worker's KV port ("*": a response stream).
 KV_PORT_METHODS = ["KVTransfer/Handshake", "KVTransfer/Open", "KVTransfer/Pull*", "KVTransfer/Release",
                    "KVTransfer/Watch", "KVStore/Lookup", "KVStore/Export"]
 
 
-async def _call_with_empty_request(channel: grpc.aio.Channel, method: str) -> grpc.StatusCode:
-    path = f"/pdmesh.v1.{method.rstrip('*')}"
-    try:
-        if method.endswith("*"):
-            async for _ in channel.unary_stream(path)(b"", timeout=10):
-                pass
-        else:
-            await channel.unary_unary(path)(b"", timeout=10)
-    except grpc.aio.AioRpcError as error:
-        return error.code()
-    return grpc.StatusCode.OK
 
 
 async def test_every_internal_service_refuses_callers_without_the_mesh_credentials(users_cluster, certs):
@@ -202,11 +189,11 @@ async def test_every_internal_service_refuses_callers_without_the_mesh_credentia
     for address, role in ports:
         for tls in strangers:
             async with open_channel(address, tls) as channel:
-                codes = {m: await _call_with_empty_request(channel, m) for m in WORKER_API_METHODS[role]}
+                codes = {m: await call_with_empty_request(channel, m) for m in WORKER_API_METHODS[role]}
             assert set(codes.values()) == {grpc.StatusCode.UNAVAILABLE}, (address, tls, codes)
     for kv_address in users_cluster.prefill_addresses_kv:
         async with grpc.aio.insecure_channel(kv_address) as channel:
-            codes = {m: await _call_with_empty_request(channel, m) for m in KV_PORT_METHODS}
+            codes = {m: await call_with_empty_request(channel, m) for m in KV_PORT_METHODS}
         assert set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}, (kv_address, codes)
 
 

@@ -23,12 +23,10 @@ from pdmesh.transport.mesh_auth import MESH_TOKEN_KEY
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import mesh_channel
 from tests.e2e.fuzzing import peer_compats
+from tests.e2e.worker_api import WORKER_API_METHODS, call_with_empty_request
 from tests.pdmesh.transport.kv_port_attackers import KVPortAttackers
 
 pytestmark = pytest.mark.vllm
-WORKER_API_METHODS = {"prefill": ["WorkerInfo/GetInfo", "WorkerInfo/GetStats", "WorkerInfo/SpillKV",
-                                  "Prefill/Prefill", "Prefill/Release"],
-                      "decode": ["WorkerInfo/GetInfo", "WorkerInfo/GetStats", "WorkerInfo/SpillKV", "Decode/Decode*"]}
 
 
 class _ListeningPeer(grpc.GenericRpcHandler):
@@ -57,17 +55,6 @@ def listening_peer():
     peer.stop()
 
 
-async def _call_with_empty_request(channel: grpc.aio.Channel, method: str, metadata=()) -> grpc.StatusCode:
-    path = f"/pdmesh.v1.{method.rstrip('*')}"
-    try:
-        if method.endswith("*"):
-            async for _ in channel.unary_stream(path)(b"", timeout=10, metadata=metadata):
-                pass
-        else:
-            await channel.unary_unary(path)(b"", timeout=10, metadata=metadata)
-    except grpc.aio.AioRpcError as error:
-        return error.code()
-    return grpc.StatusCode.OK
 
 
 @pytest.mark.parametrize("metadata", [(), ((MESH_TOKEN_KEY, "guessed"),)], ids=["no token", "wrong token"])
@@ -75,7 +62,7 @@ async def test_every_worker_api_method_refuses_callers_without_the_mesh_token(cl
     ports = [(a, "prefill") for a in cluster.prefill_addresses] + [(a, "decode") for a in cluster.decode_addresses]
     for address, role in ports:
         async with grpc.aio.insecure_channel(address) as channel:
-            codes = {m: await _call_with_empty_request(channel, m, metadata) for m in WORKER_API_METHODS[role]}
+            codes = {m: await call_with_empty_request(channel, m, metadata) for m in WORKER_API_METHODS[role]}
             health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}, (address, codes)
         assert health.status == health_pb2.HealthCheckResponse.SERVING

@@ -6,9 +6,11 @@ import asyncio
 
 import grpc
 
-from pdmesh.errors import TransferNotFound
+from decode.decode_streams import DecodeStreamsCall
+from pdmesh.errors import TransferNotFound, WorkerFailed
+from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.grpc_server import AioServer
-from pdmesh.status_map import error_metadata, grpc_status_of
+from pdmesh.status_map import error_from_grpc
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 COMPAT = common_pb2.CompatInfo(model_fingerprint="fp", dtype="float32", block_size=32, layout="l",
@@ -88,12 +90,22 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         for transfer_id in [t for t, held_by in self.held.items() if held_by == request_id]:
             del self.held[transfer_id]
 
+    @maps_domain_errors
     async def Decode(self, request, context):
+        async for chunk in self._decode(request):
+            yield chunk
+
+    async def DecodeStreams(self, request_iterator, context):
+        async for message in DecodeStreamsCall(self._decode).serve(request_iterator):
+            yield message
+
+    async def _decode(self, request):
+        """Decode's messages; a failure is the domain error its status stands for (either call sends it)."""
         self.requests.append(request)
         if self.fail_decode:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died")
+            raise WorkerFailed("decode engine died")
         if self.decode_status is not None:
-            await context.abort(*self.decode_status)
+            raise error_from_grpc(*self.decode_status)
         if request.kv.layerwise and self.layerwise_prefill is not None:
             try:  # a real decode waits for the prompt's last layer: here, for the prefill's answer
                 await self.layerwise_prefill.prefilled.wait()
@@ -103,7 +115,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         if self.decode_gate is not None:
             await self.decode_gate.wait()
         if self.kv_source is not None and request.kv.transfer_id:
-            await self._pull(request.kv.transfer_id, context)
+            self._pull(request.kv.transfer_id)
         token_ids = request.prompt_token_ids[:request.sampling.max_tokens]
         last = len(token_ids) - 1 if self.finish_with_last_token else None
         cut = self.num_calls_to_cut > 0
@@ -112,7 +124,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             if i == self.fail_after or cut and i == 1:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "decode engine died mid-stream")
+                raise WorkerFailed("decode engine died mid-stream")
             if i != last:
                 yield worker_pb2.DecodeResponse(token_ids=[token_id], text=f"<{token_id}>")
         finish = worker_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,
@@ -123,8 +135,7 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
             finish.text = f"<{token_ids[last]}>"
         yield finish
 
-    async def _pull(self, transfer_id: str, context) -> None:
+    def _pull(self, transfer_id: str) -> None:
         """Reads (and frees) the KV its prefill holds; a transfer no longer held fails the call, as a real pull."""
         if self.kv_source.held.pop(transfer_id, None) is None:
-            error = TransferNotFound(f"no KV held for transfer {transfer_id!r}")
-            await context.abort(grpc_status_of(error), str(error), error_metadata(error))
+            raise TransferNotFound(f"no KV held for transfer {transfer_id!r}")

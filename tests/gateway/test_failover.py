@@ -11,7 +11,7 @@ from gateway import request_run
 from gateway.server import Gateway
 from pdmesh.client import generate, make_request, stream_generate
 from pdmesh.config import GatewaySettings
-from pdmesh.grpc_errors import _abort_args
+from pdmesh.grpc_errors import abort_args
 from tests.gateway.fake_workers import FakeWorker
 
 
@@ -87,7 +87,7 @@ async def test_a_workers_own_internal_error_is_not_retried_but_a_torn_down_call_
     # round robin: the lowest address first, then the other
     picked_first, picked_second = (first, second) if sorted(addresses)[0] == addresses[0] else (second, first)
     try:
-        picked_first.decode_status = _abort_args(RuntimeError("engine refused the request"))
+        picked_first.decode_status = abort_args(RuntimeError("engine refused the request"))
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await generate(address, make_request([0, 7, 9], max_tokens=3))
         assert caught.value.code() == grpc.StatusCode.INTERNAL

@@ -1,0 +1,155 @@
+"""The worker's side of DecodeStreams (decode/decode_streams.py) over a real gRPC server on loopback,
+with a stand-in engine that advances every stream one token a step (the real engine's path is the
+mesh tests': the gateway decodes over this call by default)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from decode.decode_streams import DecodeStreamsCall
+from pdmesh.errors import TransferNotFound
+from pdmesh.grpc_server import AioServer
+from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+
+class SteppedEngine(worker_pb2_grpc.DecodeServicer):
+    """Every open stream gets one token per step(); a prompt [n] asks for n tokens; a prompt [-1] fails
+    with TransferNotFound; [0] waits for ever."""
+
+    def __init__(self) -> None:
+        self.step_done = asyncio.Condition()
+        self.num_waiting = 0   # streams waiting for the next step
+        self.cancelled: list[str] = []
+
+    async def step(self) -> None:
+        async with self.step_done:
+            self.step_done.notify_all()
+
+    async def DecodeStreams(self, request_iterator, context):
+        async for message in DecodeStreamsCall(self._decode).serve(request_iterator):
+            yield message
+
+    async def _decode(self, request: worker_pb2.DecodeRequest):
+        num_tokens = request.prompt_token_ids[0]
+        if num_tokens < 0:
+            raise TransferNotFound("no KV held for transfer 't'")
+        try:
+            for i in range(num_tokens or 10**9):
+                async with self.step_done:
+                    self.num_waiting += 1
+                    try:
+                        await self.step_done.wait()
+                    finally:
+                        self.num_waiting -= 1
+                last = i == num_tokens - 1
+                yield worker_pb2.DecodeResponse(token_ids=[i], finish_reason=common_pb2.FINISH_REASON_LENGTH
+                                                if last else common_pb2.FINISH_REASON_UNSPECIFIED)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+
+
+@pytest.fixture
+async def served():
+    engine = SteppedEngine()
+    server = AioServer(["pdmesh.v1.Decode"])
+    worker_pb2_grpc.add_DecodeServicer_to_server(engine, server.server)
+    address = await server.start("127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(address)
+    yield engine, worker_pb2_grpc.DecodeStub(channel)
+    await channel.close()
+    await server.stop(0)
+
+
+def _open(stream_id: int, num_tokens: int, timeout_s: float = 0.0) -> worker_pb2.DecodeStreamsRequest:
+    return worker_pb2.DecodeStreamsRequest(stream_id=stream_id, timeout_s=timeout_s, open=worker_pb2.DecodeRequest(
+        request_id=f"r{stream_id}", prompt_token_ids=[num_tokens]))
+
+
+async def _until_open(engine: SteppedEngine, num_streams: int) -> None:
+    while engine.num_waiting < num_streams:
+        await asyncio.sleep(0.005)
+
+
+async def test_a_steps_tokens_of_every_stream_travel_as_one_message(served):
+    engine, stub = served
+    call = stub.DecodeStreams()
+    for stream_id in (1, 2, 3, 4):
+        await call.write(_open(stream_id, 2))
+    messages = []
+    for _ in range(2):
+        await _until_open(engine, 4)
+        await engine.step()
+        messages.append(await call.read())
+    assert [sorted((c.stream_id, list(c.response.token_ids)) for c in m.chunks) for m in messages] == [
+        [(1, [0]), (2, [0]), (3, [0]), (4, [0])], [(1, [1]), (2, [1]), (3, [1]), (4, [1])]]
+    assert {c.response.finish_reason for c in messages[1].chunks} == {common_pb2.FINISH_REASON_LENGTH}
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF   # every stream ended and the caller stopped writing
+    assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_cancelled_stream_is_aborted_and_the_others_go_on(served):
+    engine, stub = served
+    call = stub.DecodeStreams()
+    await call.write(_open(1, 3))
+    await call.write(_open(2, 3))
+    await _until_open(engine, 2)
+    await call.write(worker_pb2.DecodeStreamsRequest(stream_id=1, cancel=True))
+    while engine.cancelled != ["r1"]:
+        await asyncio.sleep(0.005)
+    await engine.step()
+    message = await call.read()
+    assert [(c.stream_id, list(c.response.token_ids)) for c in message.chunks] == [(2, [0])]
+    call.cancel()
+
+
+async def test_a_failed_stream_ends_with_its_error_and_the_others_go_on(served):
+    engine, stub = served
+    call = stub.DecodeStreams()
+    await call.write(_open(1, 1))
+    await _until_open(engine, 1)
+    await call.write(_open(2, -1))
+    failed = (await call.read()).chunks[0]
+    assert (failed.stream_id, failed.error.code, failed.error.error, failed.error.message) == (
+        2, grpc.StatusCode.NOT_FOUND.value[0], TransferNotFound.__name__, "no KV held for transfer 't'")
+    await engine.step()
+    assert [(c.stream_id, c.HasField("error")) for c in (await call.read()).chunks] == [(1, False)]
+    call.cancel()
+
+
+async def test_a_stream_past_its_deadline_ends_deadline_exceeded_and_is_aborted(served):
+    engine, stub = served
+    call = stub.DecodeStreams()
+    await call.write(_open(1, 0, timeout_s=0.1))
+    chunk = (await call.read()).chunks[0]
+    assert (chunk.stream_id, chunk.error.code, chunk.error.error) == (
+        1, grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "DeadlineExceeded")
+    assert engine.cancelled == ["r1"]
+    call.cancel()
+
+
+async def test_a_stream_id_already_open_is_refused(served):
+    engine, stub = served
+    call = stub.DecodeStreams()
+    await call.write(_open(1, 0))
+    await _until_open(engine, 1)
+    await call.write(_open(1, 0))
+    chunk = (await call.read()).chunks[0]
+    assert (chunk.stream_id, chunk.error.code) == (1, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+    call.cancel()
+
+
+async def test_the_call_ending_aborts_every_stream(served):
+    engine, stub = served
+    call = stub.DecodeStreams()
+    await call.write(_open(1, 0))
+    await call.write(_open(2, 0))
+    await _until_open(engine, 2)
+    call.cancel()
+    while sorted(engine.cancelled) != ["r1", "r2"]:
+        await asyncio.sleep(0.005)
+
