@@ -97,6 +97,9 @@ ARMS: dict[str, System] = {s.name: s for s in (
            "policy): the adaptive mesh's placement without remote prefills or moves"),
     System("pdmesh-adaptive-nomove", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive",
            "--tpot_slo_s", "0"), static=False, description="pdmesh-adaptive without a TPOT SLO: no stream moves"),
+    System("pdmesh-adaptive-calls", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "adaptive",
+           "--no-decode_streams"), static=False, description="pdmesh-adaptive with a Decode call per request (a "
+           "gRPC message per token) instead of one DecodeStreams call per worker"),
     _both_roles("pdmesh-adaptive-cache", "pdmesh-adaptive with oneDNN's primitive cache on", PRIMITIVE_CACHE),
 )}
 
