@@ -9,7 +9,9 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
 
 
 def add_servicer(server, engine, info, metrics) -> None:
-    worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(engine, info, metrics), server.server)
+    servicer = DecodeServicer(engine, info, metrics)
+    worker_pb2_grpc.add_DecodeServicer_to_server(servicer, server.server)
+    server.on_stop.append(servicer.drain)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ call a request (Decode) or many requests over one call (DecodeStreams)."""
 from __future__ import annotations
 
 import logging
+from contextlib import aclosing
 
 from decode.decode_streams import DecodeStreamsCall
 from pdmesh.compat import check_readable, tp_size
@@ -26,6 +27,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         self._engine = engine
         self._info = info
         self._metrics = metrics
+        self._calls: set[DecodeStreamsCall] = set()
+
+    def drain(self) -> None:
+        """The worker is stopping: its DecodeStreams calls take no new stream and end with their last."""
+        for call in self._calls:
+            call.drain()
 
     @maps_domain_errors
     async def Decode(self, request: worker_pb2.DecodeRequest, context):
@@ -34,8 +41,14 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     async def DecodeStreams(self, request_iterator, context):
         """Many decodes over one call (decode/decode_streams.py)."""
-        async for message in DecodeStreamsCall(self._decode).serve(request_iterator):
-            yield message
+        call = DecodeStreamsCall(self._decode)
+        self._calls.add(call)
+        try:
+            async with aclosing(call.serve(request_iterator)) as messages:
+                async for message in messages:
+                    yield message
+        finally:
+            self._calls.discard(call)
 
     async def _decode(self, request: worker_pb2.DecodeRequest):
         with request_context(request.request_id), tracer().start_as_current_span("decode") as span, \

@@ -46,6 +46,7 @@ class StreamFailed(Exception):
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+END = object()   # in a stream's inbox: the worker ended it with no finish reason
 
 
 async def decode_call(channel: grpc.aio.Channel, request: worker_pb2.DecodeRequest, timeout_s: float,
@@ -77,20 +78,23 @@ class DecodeStreams:
         call, stream_id = self._call, next(self._stream_ids)
         inbox = call.open(stream_id, worker_pb2.DecodeStreamsRequest(
             stream_id=stream_id, open=request, timeout_s=timeout_s, trace_context=dict(metadata)))
-        deadline = asyncio.get_running_loop().call_later(timeout_s, inbox.put_nowait, StreamFailed(
-            grpc.StatusCode.DEADLINE_EXCEEDED, f"request {request.request_id} ran out of time"))
-        finished = False
+        expired = StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {request.request_id} ran out of time")
+        deadline = asyncio.get_running_loop().call_later(timeout_s, inbox.put_nowait, expired)
+        ended = False   # by the worker: its decode is over (a finish reason, an error, the end)
         try:
-            while not finished:
+            while not ended:
                 chunk = await inbox.get()
                 if isinstance(chunk, StreamFailed):
-                    finished = True
+                    ended = chunk is not expired
                     raise chunk
-                finished = chunk.finish_reason != 0
+                if chunk is END:
+                    ended = True
+                    return
+                ended = chunk.finish_reason != 0
                 yield chunk
         finally:
             deadline.cancel()
-            call.close_stream(stream_id, cancel=not finished)
+            call.close_stream(stream_id, cancel=not ended)
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Until no stream is open on the call (the worker is leaving: its decodes may finish), at most
@@ -116,6 +120,7 @@ class _Call:
         self._reader = asyncio.ensure_future(self._read())
         self._failure: StreamFailed | None = None   # set once the call ended: every stream's end
         self.idle = asyncio.Event()   # set while no stream is open
+        self._write_failure: StreamFailed | None = None   # why writing failed, if it did
 
     @property
     def ended(self) -> bool:
@@ -149,7 +154,11 @@ class _Call:
         try:
             while True:
                 await self._call.write(await self._outbox.get())
-        except Exception:  # noqa: BLE001 - the call ended (or cannot go on): the reader tells every stream
+        except grpc.aio.AioRpcError as exc:   # the call failed: the reader tells every stream why
+            self._write_failure = StreamFailed.of_rpc_error(exc)
+            self._call.cancel()
+        except Exception as exc:  # noqa: BLE001 - the call cannot go on
+            self._write_failure = StreamFailed(grpc.StatusCode.UNAVAILABLE, f"decode streams failed: {exc!r}")
             self._call.cancel()
 
     async def _read(self) -> None:
@@ -159,15 +168,24 @@ class _Call:
                 for chunk in message.chunks:
                     inbox = self._inboxes.get(chunk.stream_id)
                     if inbox is not None:
-                        inbox.put_nowait(StreamFailed.of_chunk(chunk.error) if chunk.HasField("error")
-                                         else chunk.response)
+                        inbox.put_nowait(_item(chunk))
         except grpc.aio.AioRpcError as exc:
             failure = StreamFailed.of_rpc_error(exc)
         except asyncio.CancelledError:
-            failure = StreamFailed(grpc.StatusCode.CANCELLED, "the gateway closed its decode streams")
+            failure = self._write_failure or StreamFailed(grpc.StatusCode.CANCELLED,
+                                                          "the gateway closed its decode streams")
+        except Exception as exc:  # noqa: BLE001 - whatever ended the call ends its streams
+            failure = StreamFailed(grpc.StatusCode.UNAVAILABLE, f"decode streams failed: {exc!r}")
         finally:
             self._failure = failure
             self.idle.set()
             self._writer.cancel()
             for inbox in self._inboxes.values():
                 inbox.put_nowait(failure)
+
+
+def _item(chunk: worker_pb2.StreamChunk) -> worker_pb2.DecodeResponse | StreamFailed | object:
+    """What a stream's reader gets of a chunk: the response, its failure or END."""
+    if chunk.HasField("error"):
+        return StreamFailed.of_chunk(chunk.error)
+    return END if chunk.end else chunk.response

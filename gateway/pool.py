@@ -52,12 +52,15 @@ class Worker:
         return self._streams
 
     async def close(self, grace_s: float | None = None) -> None:
-        """Its decodes end (grace_s: given that long), then its channel closes."""
-        if self._streams is not None and grace_s is not None:
-            await self._streams.wait_idle(grace_s)
+        """Its calls end (given grace_s, if any, to finish), then its channel closes. The decode
+        streams' call never ends by itself: it closes once its streams have (or the grace is over)."""
+        started = time.monotonic()
         if self._streams is not None:
+            if grace_s is not None:
+                await self._streams.wait_idle(grace_s)
             await self._streams.close()
-        await self.channel.close()
+        left_s = None if grace_s is None else max(0.0, grace_s - (time.monotonic() - started))
+        await self.channel.close(left_s)
 
     def published_rate(self, tokens_per_s: float) -> None:
         if tokens_per_s > 0:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import grpc
@@ -32,6 +32,7 @@ class AioServer:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names = list(service_names)
+        self.on_stop: list[Callable[[], None]] = []   # told first when the server stops (decode drains its calls)
         reflection.enable_server_reflection(
             [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
         self.address = ""
@@ -54,6 +55,8 @@ class AioServer:
         """Marks NOT_SERVING, lets in-flight RPCs finish within grace_s, then stops."""
         for name in ["", *self._service_names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for hook in self.on_stop:
+            hook()
         await self.server.stop(grace_s)
 
 

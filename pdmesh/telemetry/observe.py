@@ -45,7 +45,8 @@ class TokenTimer:
     """Records time to first token and inter-token latency as chunks stream out."""
 
     def __init__(self, metrics: MeshMetrics) -> None:
-        self._metrics = metrics
+        self._ttft = metrics.ttft.labels(metrics.role)   # looked up once, not per token
+        self._itl = metrics.itl.labels(metrics.role)
         self._started = time.perf_counter()
         self._last: float | None = None
         self.ttft_s: float | None = None
@@ -57,10 +58,10 @@ class TokenTimer:
         now = time.perf_counter()
         if self._last is None:
             self.ttft_s = now - self._started
-            self._metrics.ttft.labels(self._metrics.role).observe(self.ttft_s)
+            self._ttft.observe(self.ttft_s)
         else:
             self.itl_s.append(now - self._last)
-            self._metrics.itl.labels(self._metrics.role).observe(self.itl_s[-1])
+            self._itl.observe(self.itl_s[-1])
         self._last = now
 
     def span_attributes(self) -> dict[str, float]:

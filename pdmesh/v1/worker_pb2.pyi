@@ -241,14 +241,16 @@ class DecodeStreamsResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[StreamChunk, _Mapping]]] = ...) -> None: ...
 
 class StreamChunk(_message.Message):
-    __slots__ = ("stream_id", "response", "error")
+    __slots__ = ("stream_id", "response", "error", "end")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     response: DecodeResponse
     error: StreamError
-    def __init__(self, stream_id: _Optional[int] = ..., response: _Optional[_Union[DecodeResponse, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+    end: bool
+    def __init__(self, stream_id: _Optional[int] = ..., response: _Optional[_Union[DecodeResponse, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ..., end: _Optional[bool] = ...) -> None: ...
 
 class StreamError(_message.Message):
     __slots__ = ("code", "message", "error")

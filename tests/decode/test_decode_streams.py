@@ -9,7 +9,7 @@ import asyncio
 import grpc
 import pytest
 
-from decode.decode_streams import DecodeStreamsCall
+from decode.decode_streams import DecodeStreamsCall, batches
 from pdmesh.errors import TransferNotFound
 from pdmesh.grpc_server import AioServer
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -17,7 +17,8 @@ from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 class SteppedEngine(worker_pb2_grpc.DecodeServicer):
     """Every open stream gets one token per step(); a prompt [n] asks for n tokens; a prompt [-1] fails
-    with TransferNotFound; [0] waits for ever."""
+    with TransferNotFound; [0] waits for ever; [n, 0] makes n tokens and ends with no finish reason
+    (vLLM's "error" or "repetition", which have none in pdmesh's enum)."""
 
     def __init__(self) -> None:
         self.step_done = asyncio.Condition()
@@ -44,7 +45,7 @@ class SteppedEngine(worker_pb2_grpc.DecodeServicer):
                         await self.step_done.wait()
                     finally:
                         self.num_waiting -= 1
-                last = i == num_tokens - 1
+                last = i == num_tokens - 1 and len(request.prompt_token_ids) == 1
                 yield worker_pb2.DecodeResponse(token_ids=[i], finish_reason=common_pb2.FINISH_REASON_LENGTH
                                                 if last else common_pb2.FINISH_REASON_UNSPECIFIED)
         except asyncio.CancelledError:
@@ -64,9 +65,11 @@ async def served():
     await server.stop(0)
 
 
-def _open(stream_id: int, num_tokens: int, timeout_s: float = 0.0) -> worker_pb2.DecodeStreamsRequest:
+def _open(stream_id: int, num_tokens: int, timeout_s: float = 0.0, finish: bool = True
+          ) -> worker_pb2.DecodeStreamsRequest:
+    prompt = [num_tokens] if finish else [num_tokens, 0]
     return worker_pb2.DecodeStreamsRequest(stream_id=stream_id, timeout_s=timeout_s, open=worker_pb2.DecodeRequest(
-        request_id=f"r{stream_id}", prompt_token_ids=[num_tokens]))
+        request_id=f"r{stream_id}", prompt_token_ids=prompt))
 
 
 async def _until_open(engine: SteppedEngine, num_streams: int) -> None:
@@ -153,3 +156,50 @@ async def test_the_call_ending_aborts_every_stream(served):
     while sorted(engine.cancelled) != ["r1", "r2"]:
         await asyncio.sleep(0.005)
 
+
+async def test_a_stream_with_no_finish_reason_ends_with_an_end_chunk(served):
+    engine, stub = served
+    call = stub.DecodeStreams()
+    await call.write(_open(1, 1, finish=False))
+    await _until_open(engine, 1)
+    await engine.step()
+    chunks = []
+    while not any(c.end for c in chunks):
+        chunks += (await call.read()).chunks
+    assert [(c.stream_id, list(c.response.token_ids), c.end) for c in chunks] == [(1, [0], False), (1, [], True)]
+    call.cancel()
+
+
+async def test_a_draining_call_refuses_new_streams_and_ends_with_its_last():
+    engine = SteppedEngine()
+
+    async def requests(opened: asyncio.Queue):
+        while (message := await opened.get()) is not None:
+            yield message
+        await asyncio.Event().wait()   # the caller never stops writing
+
+    opened: asyncio.Queue = asyncio.Queue()
+    call = DecodeStreamsCall(engine._decode)
+    answers = call.serve(requests(opened))
+    first_answer = asyncio.ensure_future(anext(answers))   # the call runs while its answers are read
+    opened.put_nowait(_open(1, 1))
+    await _until_open(engine, 1)
+    call.drain()
+    opened.put_nowait(_open(2, 1))
+    refused = (await first_answer).chunks[0]
+    assert (refused.stream_id, refused.error.code, refused.error.error) == (
+        2, grpc.StatusCode.UNAVAILABLE.value[0], "WorkerFailed")
+    await engine.step()
+    assert [(c.stream_id, c.response.finish_reason) for c in (await anext(answers)).chunks] == [
+        (1, common_pb2.FINISH_REASON_LENGTH)]
+    with pytest.raises(StopAsyncIteration):
+        await anext(answers)
+
+
+def test_a_big_batch_is_split_below_the_message_limit():
+    text = "x" * 300_000
+    chunks = [worker_pb2.StreamChunk(stream_id=n, response=worker_pb2.DecodeResponse(text=text)) for n in range(8)]
+    messages = batches(chunks)
+    assert [len(m.chunks) for m in messages] == [3, 3, 2]
+    assert max(m.ByteSize() for m in messages) < 1 << 20 < sum(m.ByteSize() for m in messages)
+    assert batches([]) == []

@@ -46,7 +46,8 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.kv_source: FakeWorker | None = None  # decode: the prefill whose held KV a handle is pulled from
         self.decode_gate: asyncio.Event | None = None  # decode: each call waits for it before reading KV
         self.layerwise_prefill: FakeWorker | None = None  # decode: the prefill a layer-wise request waits on
-        self.decode_status: tuple | None = None  # decode: aborts every call with these context.abort arguments
+        self.decode_status: tuple | None = None  # decode: fails every request with the error this status names
+        self.call_status: tuple | None = None    # decode: tears every call down with this status (a reset connection)
         self.prefill_delay_s = 0.0   # prefill: answers after this long
         self.token_delay_s = 0.0     # decode: waits this long before each token
         self.finish_with_last_token = False  # decode: the last token and the finish in one message (as vLLM's)
@@ -92,10 +93,17 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
 
     @maps_domain_errors
     async def Decode(self, request, context):
+        if self.call_status is not None:
+            self.requests.append(request)
+            raise error_from_grpc(*self.call_status)
         async for chunk in self._decode(request):
             yield chunk
 
     async def DecodeStreams(self, request_iterator, context):
+        if self.call_status is not None:   # the call dies with the first request it carries
+            async for message in request_iterator:
+                self.requests.append(message.open)
+                await context.abort(*self.call_status)
         async for message in DecodeStreamsCall(self._decode).serve(request_iterator):
             yield message
 

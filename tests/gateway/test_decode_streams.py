@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from gateway.decode_streams import DecodeStreams, StreamFailed, decode_call
+from gateway.pool import Worker
 from pdmesh.grpc_errors import maps_domain_errors
 from pdmesh.grpc_server import AioServer
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
@@ -17,15 +18,23 @@ from tests.decode.test_decode_streams import SteppedEngine
 
 
 class CountingEngine(SteppedEngine):
-    """SteppedEngine that also serves Decode (a call a request) and counts the calls made to it."""
+    """SteppedEngine that also serves Decode (a call a request) and counts the calls made to it;
+    `ignore_deadlines`: it drops the deadline each stream carries (only the gateway's own is left)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.num_calls = 0
+        self.ignore_deadlines = False
 
     async def DecodeStreams(self, request_iterator, context):
         self.num_calls += 1
-        async for message in super().DecodeStreams(request_iterator, context):
+        async for message in super().DecodeStreams(self._without_deadlines(request_iterator), context):
+            yield message
+
+    async def _without_deadlines(self, request_iterator):
+        async for message in request_iterator:
+            if self.ignore_deadlines:
+                message.timeout_s = 0
             yield message
 
     @maps_domain_errors
@@ -118,6 +127,44 @@ async def test_a_stream_past_its_deadline_fails_deadline_exceeded(worker):
     assert await _collect(streams.stream(_request("slow", 0), 0.1, ())) == grpc.StatusCode.DEADLINE_EXCEEDED
     await _until(lambda: engine.cancelled == ["slow"])   # by the worker's own deadline or the gateway's cancel
     await streams.close()
+
+
+async def test_the_gateways_own_deadline_aborts_the_workers_decode(worker):
+    engine, channel, _ = worker
+    engine.ignore_deadlines = True
+    streams = DecodeStreams(channel)
+    assert await _collect(streams.stream(_request("slow", 0), 0.1, ())) == grpc.StatusCode.DEADLINE_EXCEEDED
+    await _until(lambda: engine.cancelled == ["slow"])
+    await streams.close()
+
+
+async def test_a_stream_the_worker_ends_without_a_finish_reason_ends_there(worker):
+    engine, channel, _ = worker
+    streams = DecodeStreams(channel)
+    unfinished = worker_pb2.DecodeRequest(request_id="r", prompt_token_ids=[2, 0])
+    assert await _run(engine, streams.stream(unfinished, 5.0, ())) == [[0, 1]]
+    assert engine.cancelled == []
+    await streams.close()
+
+
+async def test_one_streams_error_leaves_the_others_going(worker):
+    engine, channel, _ = worker
+    streams = DecodeStreams(channel)
+    results = await _run(engine, streams.stream(_request("bad", -1), 5.0, ()), streams.stream(_request("ok", 3), 5.0, ()))
+    assert results == [grpc.StatusCode.NOT_FOUND, [0, 1, 2]]
+    await streams.close()
+
+
+async def test_a_leaving_workers_close_waits_for_its_streams_within_the_grace(worker):
+    engine, channel, _ = worker
+    leaving = Worker("127.0.0.1:1", "decode", channel)
+    decoding = asyncio.ensure_future(_collect(leaving.decode_streams().stream(_request("r", 3), 5.0, ())))
+    await _until(lambda: engine.num_waiting == 1)
+    closing = asyncio.ensure_future(leaving.close(grace_s=30.0))
+    await _stepping(engine, decoding)
+    assert await decoding == [0, 1, 2]
+    async with asyncio.timeout(5):   # not the 30 s grace: its last stream ended
+        await closing
 
 
 async def test_a_call_torn_down_fails_every_stream_and_the_next_opens_another(worker):

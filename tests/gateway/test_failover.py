@@ -95,7 +95,7 @@ async def test_a_workers_own_internal_error_is_not_retried_but_a_torn_down_call_
         assert (len(prefill.requests), len(first.requests) + len(second.requests)) == (1, 1)  # no second attempt
 
         picked_first.decode_status = None
-        picked_second.decode_status = (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2")
+        picked_second.call_status = (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2")
         token_ids, _, last = await generate(address, make_request([0, 7, 9], max_tokens=3))
         assert (token_ids, last.transfer.num_failovers) == ([0, 7, 9], 1)
     finally:
