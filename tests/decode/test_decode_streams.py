@@ -5,6 +5,7 @@ mesh tests': the gateway decodes over this call by default)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import pytest
@@ -53,16 +54,24 @@ class SteppedEngine(worker_pb2_grpc.DecodeServicer):
             raise
 
 
+@contextlib.asynccontextmanager
+async def serving(engine: worker_pb2_grpc.DecodeServicer):
+    """The engine's Decode service on a loopback port, and a channel to it; both closed after."""
+    server = AioServer(["pdmesh.v1.Decode"])
+    worker_pb2_grpc.add_DecodeServicer_to_server(engine, server.server)
+    channel = grpc.aio.insecure_channel(await server.start("127.0.0.1", 0))
+    try:
+        yield channel, server
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
 @pytest.fixture
 async def served():
     engine = SteppedEngine()
-    server = AioServer(["pdmesh.v1.Decode"])
-    worker_pb2_grpc.add_DecodeServicer_to_server(engine, server.server)
-    address = await server.start("127.0.0.1", 0)
-    channel = grpc.aio.insecure_channel(address)
-    yield engine, worker_pb2_grpc.DecodeStub(channel)
-    await channel.close()
-    await server.stop(0)
+    async with serving(engine) as (channel, _):
+        yield engine, worker_pb2_grpc.DecodeStub(channel)
 
 
 def _open(stream_id: int, num_tokens: int, timeout_s: float = 0.0, finish: bool = True
@@ -70,6 +79,15 @@ def _open(stream_id: int, num_tokens: int, timeout_s: float = 0.0, finish: bool 
     prompt = [num_tokens] if finish else [num_tokens, 0]
     return worker_pb2.DecodeStreamsRequest(stream_id=stream_id, timeout_s=timeout_s, open=worker_pb2.DecodeRequest(
         request_id=f"r{stream_id}", prompt_token_ids=prompt))
+
+
+async def _error_of(call) -> tuple[int, grpc.StatusCode, str, str]:
+    """The next message's one chunk, an error: (stream id, code, domain error, message)."""
+    (chunk,) = (await call.read()).chunks
+    return chunk.stream_id, _CODES[chunk.error.code], chunk.error.error, chunk.error.message
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 async def _until_open(engine: SteppedEngine, num_streams: int) -> None:
@@ -116,9 +134,8 @@ async def test_a_failed_stream_ends_with_its_error_and_the_others_go_on(served):
     await call.write(_open(1, 1))
     await _until_open(engine, 1)
     await call.write(_open(2, -1))
-    failed = (await call.read()).chunks[0]
-    assert (failed.stream_id, failed.error.code, failed.error.error, failed.error.message) == (
-        2, grpc.StatusCode.NOT_FOUND.value[0], TransferNotFound.__name__, "no KV held for transfer 't'")
+    assert await _error_of(call) == (2, grpc.StatusCode.NOT_FOUND, TransferNotFound.__name__,
+                                     "no KV held for transfer 't'")
     await engine.step()
     assert [(c.stream_id, c.HasField("error")) for c in (await call.read()).chunks] == [(1, False)]
     call.cancel()
@@ -128,9 +145,8 @@ async def test_a_stream_past_its_deadline_ends_deadline_exceeded_and_is_aborted(
     engine, stub = served
     call = stub.DecodeStreams()
     await call.write(_open(1, 0, timeout_s=0.1))
-    chunk = (await call.read()).chunks[0]
-    assert (chunk.stream_id, chunk.error.code, chunk.error.error) == (
-        1, grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "DeadlineExceeded")
+    assert await _error_of(call) == (1, grpc.StatusCode.DEADLINE_EXCEEDED, "DeadlineExceeded",
+                                     "stream 1 ran out of time")
     assert engine.cancelled == ["r1"]
     call.cancel()
 
@@ -141,8 +157,8 @@ async def test_a_stream_id_already_open_is_refused(served):
     await call.write(_open(1, 0))
     await _until_open(engine, 1)
     await call.write(_open(1, 0))
-    chunk = (await call.read()).chunks[0]
-    assert (chunk.stream_id, chunk.error.code) == (1, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+    assert await _error_of(call) == (1, grpc.StatusCode.INVALID_ARGUMENT, "InvalidRequest",
+                                     "stream 1 is already open on this call")
     call.cancel()
 
 

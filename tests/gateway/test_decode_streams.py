@@ -12,9 +12,8 @@ import pytest
 from gateway.decode_streams import DecodeStreams, StreamFailed, decode_call
 from gateway.pool import Worker
 from pdmesh.grpc_errors import maps_domain_errors
-from pdmesh.grpc_server import AioServer
-from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from tests.decode.test_decode_streams import SteppedEngine
+from pdmesh.v1 import worker_pb2
+from tests.decode.test_decode_streams import SteppedEngine, serving
 
 
 class CountingEngine(SteppedEngine):
@@ -47,13 +46,8 @@ class CountingEngine(SteppedEngine):
 @pytest.fixture
 async def worker():
     engine = CountingEngine()
-    server = AioServer(["pdmesh.v1.Decode"])
-    worker_pb2_grpc.add_DecodeServicer_to_server(engine, server.server)
-    address = await server.start("127.0.0.1", 0)
-    channel = grpc.aio.insecure_channel(address)
-    yield engine, channel, server
-    await channel.close()
-    await server.stop(0)
+    async with serving(engine) as (channel, server):
+        yield engine, channel, server
 
 
 def _request(request_id: str, num_tokens: int):
