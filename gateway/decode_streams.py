@@ -18,34 +18,37 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from pdmesh.status_map import ERROR_KEY
+from pdmesh.errors import PDMeshError
+from pdmesh.status_map import error_from_rpc_error, error_named, status_code_of
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
 
 class StreamFailed(Exception):
-    """A decode's failure as a status: its code, details and the domain error's name, if named."""
+    """A decode's failure: the status code it came with and the domain error it stands for."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, error: str = "") -> None:
-        super().__init__(f"{code.name}: {details}")
+    def __init__(self, code: grpc.StatusCode, error: PDMeshError) -> None:
+        super().__init__(f"{code.name}: {error}")
         self.code = code
-        self.details = details
         self.error = error
+
+    @property
+    def details(self) -> str:
+        return str(self.error)
+
+    @classmethod
+    def of_status(cls, code: grpc.StatusCode, details: str) -> StreamFailed:
+        return cls(code, error_named(code, details))
 
     @classmethod
     def of_rpc_error(cls, exc: grpc.aio.AioRpcError) -> StreamFailed:
-        names = [value for key, value in (exc.trailing_metadata() or ()) if key == ERROR_KEY]
-        return cls(exc.code(), exc.details() or str(exc), names[0] if names else "")
+        return cls(exc.code(), error_from_rpc_error(exc))
 
     @classmethod
     def of_chunk(cls, error: worker_pb2.StreamError) -> StreamFailed:
-        return cls(_CODES.get(error.code, grpc.StatusCode.UNKNOWN), error.message, error.error)
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        """As trailing metadata (pdmesh/status_map.py's error_from_grpc reads it)."""
-        return ((ERROR_KEY, self.error),) if self.error else ()
+        code = status_code_of(error.code)
+        return cls(code, error_named(code, error.message, error.error))
 
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 END = object()   # in a stream's inbox: the worker ended it with no finish reason
 
 
@@ -78,7 +81,8 @@ class DecodeStreams:
         call, stream_id = self._call, next(self._stream_ids)
         inbox = call.open(stream_id, worker_pb2.DecodeStreamsRequest(
             stream_id=stream_id, open=request, timeout_s=timeout_s, trace_context=dict(metadata)))
-        expired = StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {request.request_id} ran out of time")
+        expired = StreamFailed.of_status(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                         f"request {request.request_id} ran out of time")
         deadline = asyncio.get_running_loop().call_later(timeout_s, inbox.put_nowait, expired)
         ended = False   # by the worker: its decode is over (a finish reason, an error, the end)
         try:
@@ -158,11 +162,12 @@ class _Call:
             self._write_failure = StreamFailed.of_rpc_error(exc)
             self._call.cancel()
         except Exception as exc:  # noqa: BLE001 - the call cannot go on
-            self._write_failure = StreamFailed(grpc.StatusCode.UNAVAILABLE, f"decode streams failed: {exc!r}")
+            self._write_failure = StreamFailed.of_status(grpc.StatusCode.UNAVAILABLE,
+                                                         f"decode streams failed: {exc!r}")
             self._call.cancel()
 
     async def _read(self) -> None:
-        failure = StreamFailed(grpc.StatusCode.UNAVAILABLE, "the worker ended its decode streams")
+        failure = StreamFailed.of_status(grpc.StatusCode.UNAVAILABLE, "the worker ended its decode streams")
         try:
             while (message := await self._call.read()) is not grpc.aio.EOF:
                 for chunk in message.chunks:
@@ -172,10 +177,10 @@ class _Call:
         except grpc.aio.AioRpcError as exc:
             failure = StreamFailed.of_rpc_error(exc)
         except asyncio.CancelledError:
-            failure = self._write_failure or StreamFailed(grpc.StatusCode.CANCELLED,
-                                                          "the gateway closed its decode streams")
+            failure = self._write_failure or StreamFailed.of_status(grpc.StatusCode.CANCELLED,
+                                                                    "the gateway closed its decode streams")
         except Exception as exc:  # noqa: BLE001 - whatever ended the call ends its streams
-            failure = StreamFailed(grpc.StatusCode.UNAVAILABLE, f"decode streams failed: {exc!r}")
+            failure = StreamFailed.of_status(grpc.StatusCode.UNAVAILABLE, f"decode streams failed: {exc!r}")
         finally:
             self._failure = failure
             self.idle.set()

@@ -36,7 +36,6 @@ from gateway.prompt_names import PromptNames
 from gateway.routing import RoutePolicy
 from gateway.run_state import MeshRequest, RunState, response_of
 from pdmesh import errors
-from pdmesh.status_map import error_from_grpc
 from pdmesh.telemetry.grpc_client import client_span
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2, worker_pb2_grpc
 
@@ -350,7 +349,7 @@ class RequestRun:
         """The error to raise: _Retry (another worker may do it) or the domain error."""
         if failed.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return errors.DeadlineExceeded(f"request {self.request.request_id} ran out of time on {worker.address}")
-        error = error_from_grpc(failed.code, failed.details, failed.metadata())
+        error = failed.error
         if isinstance(error, errors.InternalError):  # the worker's own failure on this request: not retried
             return error
         if failed.code not in RETRYABLE_CODES and not isinstance(error, RETRYABLE):

@@ -53,8 +53,21 @@ def error_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
 def error_from_grpc(code: grpc.StatusCode, details: str, metadata=None) -> errors.PDMeshError:
     """Turns a peer's status back into the domain error it stood for."""
     names = [value for key, value in (metadata or ()) if key == ERROR_KEY]
-    err_type = _ERRORS_BY_NAME.get(names[0]) if names else None
+    return error_named(code, details, names[0] if names else "")
+
+
+def error_named(code: grpc.StatusCode, details: str, name: str = "") -> errors.PDMeshError:
+    """The domain error `name` names (error_metadata's value), else the one a bare `code` stands for."""
+    err_type = _ERRORS_BY_NAME.get(name)
     return (err_type or _CODE_TO_ERROR.get(code, errors.WorkerFailed))(details)
+
+
+def status_code_of(value: int) -> grpc.StatusCode:
+    """The status code of its number (as a message carries it); UNKNOWN for one gRPC has not."""
+    return _CODES_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+
+
+_CODES_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def error_from_rpc_error(exc: grpc.RpcError) -> errors.PDMeshError:

@@ -13,6 +13,7 @@ import pytest
 from decode.decode_streams import DecodeStreamsCall, batches
 from pdmesh.errors import TransferNotFound
 from pdmesh.grpc_server import AioServer
+from pdmesh.status_map import status_code_of
 from pdmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -84,10 +85,7 @@ def _open(stream_id: int, num_tokens: int, timeout_s: float = 0.0, finish: bool 
 async def _error_of(call) -> tuple[int, grpc.StatusCode, str, str]:
     """The next message's one chunk, an error: (stream id, code, domain error, message)."""
     (chunk,) = (await call.read()).chunks
-    return chunk.stream_id, _CODES[chunk.error.code], chunk.error.error, chunk.error.message
-
-
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
+    return chunk.stream_id, status_code_of(chunk.error.code), chunk.error.error, chunk.error.message
 
 
 async def _until_open(engine: SteppedEngine, num_streams: int) -> None:
