@@ -10,7 +10,7 @@ from decode.decode_streams import DecodeStreamsCall
 from pdmesh.compat import check_readable, tp_size
 from pdmesh.errors import InvalidRequest
 from pdmesh.grpc_errors import maps_domain_errors
-from pdmesh.kv.params import PREFILL_TOKENS_PER_S, decode_params
+from pdmesh.kv.params import DECODE_STEP_S, PREFILL_TOKENS_PER_S, decode_params
 from pdmesh.kv.request_stats import PullStats, pull_stats
 from pdmesh.sampling import engine_prompt, finish_reason_of, to_vllm_sampling
 from pdmesh.telemetry.metrics import MeshMetrics
@@ -92,6 +92,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     finish_reason: str | None, kv_params: dict | None) -> None:
         chunk.finish_reason = finish_reason_of(finish_reason)
         chunk.prefill_tokens_per_s = (kv_params or {}).get(PREFILL_TOKENS_PER_S, 0.0)
+        chunk.decode_step_s = (kv_params or {}).get(DECODE_STEP_S, 0.0)
         stats = pull_stats(kv_params)  # what the KV pull did, returned with the output
         if stats:
             chunk.kv_blocks_received = stats.num_blocks

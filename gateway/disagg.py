@@ -66,6 +66,12 @@ class RatedWorker(Protocol):
     info: worker_pb2.WorkerInfoResponse   # its model's CompatInfo names the prompt's blocks
     prefill_tokens_per_s: float   # its engine's published prompt rate (0: not known yet)
 
+    def queue(self) -> int:
+        """Requests it serves now (gateway/pool.py's Worker)."""
+
+    def tpot_s(self) -> float:
+        """The TPOT its streams see now, as it publishes it (0: serves none, or not known yet)."""
+
 
 class Ewma:
     def __init__(self, initial: float, alpha: float = 0.2) -> None:

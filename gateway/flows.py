@@ -70,25 +70,16 @@ class Flows:
             if not on_worker:
                 del self.streams[stream.worker]
 
-    def tpot_s(self, worker: str) -> float:
-        """The mean TPOT of the streams `worker` decodes now (0: none has made two tokens yet)."""
-        measured = [s.tpot_s() for s in self.streams.get(worker, ()) if s.num_tokens >= 2]
-        return sum(measured) / len(measured) if measured else 0.0
-
-    def tpot_with_one_more_s(self, worker: str) -> float:
-        """The mean TPOT `worker`'s streams would see with one stream more, if a step's time grows with
-        its batch (0: it decodes none that has made two tokens yet)."""
-        num_streams = len(self.streams.get(worker, ()))
-        return self.tpot_s(worker) * (num_streams + 1) / num_streams if num_streams else 0.0
-
-    def ask_at_risk_to_move(self, worker: str, stall_s: float, move_s: float, destinations: Sequence[str]) -> int:
+    def ask_at_risk_to_move(self, worker: str, stall_s: float, move_s: float,
+                            destination_tpots_s: Sequence[float]) -> int:
         """Asks the streams on `worker` that a `stall_s` delay would take past their TPOT SLO to move
-        (when moving, `move_s`, costs less than the stall), each only while one of `destinations` would
-        decode it within its SLO (under load every worker is busy: a move would only carry the stall
+        (when moving, `move_s`, costs less than the stall), each only while one of the other workers
+        would decode it within its SLO: `destination_tpots_s` holds the TPOT each would run at with
+        one stream more (under load every worker is busy: a move would only carry the stall
         elsewhere); returns how many were asked."""
-        if stall_s <= move_s or not destinations:
+        if stall_s <= move_s or not destination_tpots_s:
             return 0
-        calmest_s = min(self.tpot_with_one_more_s(address) for address in destinations)
+        calmest_s = min(destination_tpots_s)
         at_risk = [s for s in self.streams.get(worker, ()) if s.movable and not s.move_asked and s.num_tokens >= 2
                    and s.num_left > 1 and 0 < s.tpot_slo_s < s.tpot_after_stall_s(stall_s)
                    and calmest_s <= s.tpot_slo_s]

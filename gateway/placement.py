@@ -6,7 +6,8 @@ disaggregation generalized to every pair).
 For each option the computing worker C (D for local, P for remote) is predicted to take
   compute = prompt tokens C must compute (minus what its prefix cache likely holds) / C's published rate
   ttft    = (prompt tokens queued on C) / C's rate + compute (+ the handoff, remote)
-  tpot    = the mean TPOT of the streams D decodes now: what the request's own tokens will see
+  tpot    = D's decoding step time as D publishes it (worker/step_time.py): what the request's own
+            tokens will see, whichever gateway's streams D runs (0 while D serves none)
   harm    = compute x the streams running on C: the token delay this prompt inflicts on them
 The choice, in order: an option predicted within the request's TTFT SLO, then within its TPOT SLO
 (gateway/slo.py), over one that is not; the least harm (a prompt computed where the fewest streams
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.disagg import Decision, DisaggCosts, DisaggPolicy, RatedWorker
-from gateway.flows import Flows
 from gateway.pool import Worker, WorkerPool
 from gateway.prompt_names import PromptNames
 from gateway.seen_prefixes import SeenPrefixes
@@ -73,6 +73,13 @@ def streams_on(worker) -> int:
     return worker.queue()
 
 
+def tpot_with_one_more_s(worker) -> float:
+    """The TPOT the worker's streams would see with one stream more, if a step's time grows with its
+    batch (0: it decodes none, or has published no step time yet)."""
+    num_streams = streams_on(worker)
+    return worker.tpot_s() * (num_streams + 1) / num_streams if num_streams else 0.0
+
+
 @dataclass(frozen=True)
 class _Computing:
     """A worker's side of computing this prompt, the same whichever worker then decodes it."""
@@ -87,10 +94,9 @@ UNMEASURED = _Computing(0.0, float("inf"), float("inf"), 0)
 
 
 class Placement:
-    def __init__(self, costs: DisaggCosts, seen: SeenPrefixes, flows: Flows, slo: RequestSlo) -> None:
+    def __init__(self, costs: DisaggCosts, seen: SeenPrefixes, slo: RequestSlo) -> None:
         self.costs = costs
         self.seen = seen
-        self.flows = flows
         self.slo = slo
 
     def options(self, prompt: PromptNames, prefills: Sequence[RatedWorker],
@@ -103,7 +109,7 @@ class Placement:
         rates = [w.prefill_tokens_per_s for w in workers if w.prefill_tokens_per_s > 0]
         prior = sum(rates) / len(rates) if rates else 0.0
         computing = {id(w): self._computing(prompt, w, prior) for w in workers}
-        seen_by = {id(d): (self.flows.tpot_s(d.address), streams_on(d)) for d in decodes}   # tpot, streams
+        seen_by = {id(d): (d.tpot_s(), streams_on(d)) for d in decodes}   # tpot (the worker's own), streams
         handoff_s = self.costs.handoff_s.value
         found = [_option(None, d, computing[id(d)], seen_by[id(d)], 0.0) for d in decodes]
         return found + [_option(p, d, computing[id(p)], seen_by[id(d)], handoff_s) for p in prefills
@@ -163,13 +169,13 @@ async def place(pool: WorkerPool, disagg: DisaggPolicy, prompt: PromptNames, exc
     decodes = [w for w in decodes if w.address != moving_from] or decodes
     if not decodes:   # marked down by another request's failed call while this one waited
         raise NoWorkerAvailable("every decode worker went down")
-    placement = Placement(disagg.costs, disagg.seen, disagg.flows, slo)
+    placement = Placement(disagg.costs, disagg.seen, slo)
     options = placement.options(prompt, prefills, decodes)
     option = placement.choose(options)
     placement.record(prompt, option)
     computing = option.computing.address
     if not moving_from:
         disagg.flows.ask_at_risk_to_move(computing, option.compute_s, disagg.costs.handoff_s.value,
-                                         [w.address for w in decodes if w.address != computing])
+                                         [tpot_with_one_more_s(w) for w in decodes if w.address != computing])
     reason = "move" if moving_from else placement.reason(options, option)
     return option.prefill, option.decode, disagg.count(option.decision(reason))

@@ -43,6 +43,9 @@ class Worker:
     # Its engine's prompt rate (tokens/s) as it last published it, in an answer or its registry
     # record (worker/compute_rate.py: the one estimator); 0: not known yet.
     prefill_tokens_per_s: float = 0.0
+    # Its engine's decoding step time (seconds), the TPOT of every stream it decodes, whichever gateway's,
+    # as it last published it (worker/step_time.py); 0: not known yet.
+    decode_step_s: float = 0.0
     _streams: DecodeStreams | None = field(default=None, repr=False)
 
     def decode_streams(self) -> DecodeStreams:
@@ -65,6 +68,15 @@ class Worker:
     def published_rate(self, tokens_per_s: float) -> None:
         if tokens_per_s > 0:
             self.prefill_tokens_per_s = tokens_per_s
+
+    def published_step(self, step_s: float) -> None:
+        if step_s > 0:
+            self.decode_step_s = step_s
+
+    def tpot_s(self) -> float:
+        """The TPOT a stream it decodes sees now: its published step time while it serves any request
+        (0 when idle: a lone stream's pace is not a batch's)."""
+        return self.decode_step_s if self.queue() > 0 else 0.0
 
     def queue(self) -> int:
         """Requests on it: this gateway's, or what it last reported if more (other gateways' too)."""
@@ -104,6 +116,7 @@ class WorkerPool:
                 worker = self._workers[record.address] = self._open(record.address, record.role)
             worker.record = record
             worker.published_rate(record.prefill_tokens_per_s)
+            worker.published_step(record.decode_step_s)
         for address in [a for a, w in self._workers.items() if not w.static and a not in seen]:
             self._background.spawn(self._workers.pop(address).close(CLOSE_GRACE_S))
 

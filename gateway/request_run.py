@@ -319,7 +319,8 @@ class RequestRun:
             try:
                 async with aclosing(chunks):
                     async for chunk in chunks:
-                        decode.published_rate(chunk.prefill_tokens_per_s)   # its last message has it
+                        decode.published_rate(chunk.prefill_tokens_per_s)   # its last message has them
+                        decode.published_step(chunk.decode_step_s)
                         yield chunk
             except StreamFailed as failed:
                 raise self._failure(failed, decode) from failed

@@ -22,6 +22,7 @@ from pdmesh.config import ConnectorSettings, StoreSettings
 from pdmesh.telemetry.logs import configure_engine_logging
 from pdmesh.transport.affinity import all_cores
 from worker.compute_rate import ComputeRate, LoadBudget
+from worker.step_time import DecodeStepTime
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from worker.scheduler_side import ConnectorScheduler
 from worker.vllm_ext.engine_core_ext import install_scheduler_stats
@@ -184,6 +185,11 @@ class PDMeshConnector(KVConnectorBase_V1):
     def compute_rate(self) -> ComputeRate | None:
         """The engine's measured prompt rate (scheduler side only)."""
         return self._scheduler.compute_rate if self._scheduler is not None else None
+
+    @property
+    def decode_step_time(self) -> DecodeStepTime | None:
+        """The engine's measured decoding step time (scheduler side only)."""
+        return self._scheduler.decode_step_time if self._scheduler is not None else None
 
 
 def _tp_rank() -> int:

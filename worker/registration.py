@@ -54,7 +54,7 @@ class WorkerRegistration:
             try:
                 stats = await self._calls.scheduler_stats()
                 self._load = WorkerLoad(stats.num_running_requests, stats.num_waiting_requests, stats.kv_cache_usage,
-                                        stats.prefill_tokens_per_s)
+                                        stats.prefill_tokens_per_s, stats.decode_step_s)
             except Exception:  # noqa: BLE001 - a stale load is better than no heartbeat
                 logger.warning("reading the engine's load failed", exc_info=True)
             await asyncio.sleep(self._settings.registry.heartbeat_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from worker.compute_rate import DEFAULT_TOKENS_PER_S, ComputeRate, LoadBudget
 from worker.layerwise_steps import LayerwiseSteps
 from worker.metadata import PDMeshConnectorMetadata, PDMeshWorkerMeta
 from worker.prompt_hashes import PromptHashes
+from worker.step_time import DecodeStepTime, num_decodes
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -45,6 +47,7 @@ class ConnectorScheduler:
         """block_seed: the model fingerprint's (pdmesh/compat.py), as the worker side's CompatInfo names it."""
         self._block_size = block_size
         self.compute_rate = compute_rate or ComputeRate(DEFAULT_TOKENS_PER_S)   # measured on the steps scheduled here
+        self.decode_step_time = DecodeStepTime()   # the TPOT its streams see, measured on the same steps
         self._load_budget = load_budget or LoadBudget()
         self._hashes = PromptHashes(block_seed, block_size)
         self._kv_address = kv_address
@@ -176,12 +179,14 @@ class ConnectorScheduler:
 
     # ---- producer ----
     def request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any]]:
-        """Every finished request's params carry the engine's measured prompt rate (the gateways read it)."""
+        """Every finished request's params carry the engine's measured prompt rate and decoding step time
+        (the gateways read them)."""
         try:
             delay_free, params = self._request_finished(request, block_ids)
         finally:
             self._hashes.forget(request.request_id)
-        return delay_free, {**(params or {}), kvp.PREFILL_TOKENS_PER_S: self.compute_rate.tokens_per_s}
+        return delay_free, {**(params or {}), kvp.PREFILL_TOKENS_PER_S: self.compute_rate.tokens_per_s,
+                            kvp.DECODE_STEP_S: self.decode_step_time.step_s}
 
     def _request_finished(self, request: "Request", block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._store_plans.pop(request.request_id, None)
@@ -239,9 +244,11 @@ class ConnectorScheduler:
         return bool(news) or self._layerwise.has_news()
 
     def build_connector_meta(self, scheduler_output: Any = None) -> PDMeshConnectorMetadata:
-        """Once per engine step, as it is scheduled (the step's tokens time the prompt rate)."""
+        """Once per engine step, as it is scheduled (the steps time the prompt rate and the decoding steps)."""
         if scheduler_output is not None:
-            self.compute_rate.on_step(scheduler_output.total_num_scheduled_tokens)
+            now = time.perf_counter()
+            self.compute_rate.on_step(scheduler_output.total_num_scheduled_tokens, now)
+            self.decode_step_time.on_step(num_decodes(scheduler_output), now)
         steps, restarted, ended = self._layerwise.take(scheduler_output)
         meta = PDMeshConnectorMetadata(
             sends=self._sends, recvs=self._recvs, loads=self._loads,

@@ -24,6 +24,8 @@ KV_HANDLE = "pdmesh_kv"  # the KVHandle's fields
 # In every finished request's kv_transfer_params: its engine's measured prompt rate, tokens/s
 # (worker/compute_rate.py); the servicers pass it to the gateway in their answers.
 PREFILL_TOKENS_PER_S = "pdmesh_prefill_tokens_per_s"
+# Beside it: the engine's decoding step time, seconds (worker/step_time.py: the TPOT its streams see; 0: unknown).
+DECODE_STEP_S = "pdmesh_decode_step_s"
 # Prefill request, layer-wise flow: the transfer id (minted by the gateway, also given to decode)
 # its KV is published under while it is computed.
 LAYERWISE_TRANSFER_ID = "pdmesh_layerwise_transfer_id"

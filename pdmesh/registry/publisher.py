@@ -29,6 +29,7 @@ class WorkerLoad:
     num_waiting: int = 0
     kv_cache_usage: float = 0.0      # 0..1
     prefill_tokens_per_s: float = 0.0   # its measured prompt rate (0: unknown)
+    decode_step_s: float = 0.0          # its decoding steps' time, the TPOT its streams see (0: unknown)
 
 
 class RegistryPublisher:
@@ -96,7 +97,7 @@ class RegistryPublisher:
         load = self._current_load()
         self.record.num_running, self.record.num_waiting = load.num_running, load.num_waiting
         self.record.kv_cache_usage, self.record.updated_at = load.kv_cache_usage, time.time()
-        self.record.prefill_tokens_per_s = load.prefill_tokens_per_s
+        self.record.prefill_tokens_per_s, self.record.decode_step_s = load.prefill_tokens_per_s, load.decode_step_s
         try:
             await write_record(self._client, self.settings.prefix, self.key,
                                seal_record(self.record, self.key, self._signer),
@@ -118,7 +119,7 @@ class RegistryPublisher:
     def _current_load(self) -> WorkerLoad:
         """The load callback's answer; the last known load when there is none or it fails."""
         last = WorkerLoad(self.record.num_running, self.record.num_waiting, self.record.kv_cache_usage,
-                          self.record.prefill_tokens_per_s)
+                          self.record.prefill_tokens_per_s, self.record.decode_step_s)
         if self._load is None:
             return last
         try:

@@ -24,7 +24,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers", "kv_store_blocks", "kv_store_occupancy_bytes", "kv_store_hit_blocks", "kv_store_corrupt_blocks", "kv_store_blocks_saved", "kv_store_blocks_loaded", "kv_store_failed_blocks", "kv_store_pinned_blocks", "kv_store_dropped_blocks", "kv_store_index_errors", "num_running_requests", "num_waiting_requests", "kv_cache_usage", "num_kv_blocks", "kv_store_saves_skipped", "kv_store_blocks_skipped", "kv_store_loads_cut", "kv_store_saves_pending", "kv_store_corrupt_blocks_by_tier", "engine_quiet_steps", "engine_worker_steps", "kv_store_index_dropped_events", "prefill_tokens_per_s")
+    __slots__ = ("kv_blocks_received", "kv_bytes_received", "kv_failed_blocks", "kv_blocks_sent", "kv_bytes_sent", "num_held_transfers", "num_expired_transfers", "kv_store_blocks", "kv_store_occupancy_bytes", "kv_store_hit_blocks", "kv_store_corrupt_blocks", "kv_store_blocks_saved", "kv_store_blocks_loaded", "kv_store_failed_blocks", "kv_store_pinned_blocks", "kv_store_dropped_blocks", "kv_store_index_errors", "num_running_requests", "num_waiting_requests", "kv_cache_usage", "num_kv_blocks", "kv_store_saves_skipped", "kv_store_blocks_skipped", "kv_store_loads_cut", "kv_store_saves_pending", "kv_store_corrupt_blocks_by_tier", "engine_quiet_steps", "engine_worker_steps", "kv_store_index_dropped_events", "prefill_tokens_per_s", "decode_step_s")
     class KvStoreOccupancyBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class WorkerStats(_message.Message):
     ENGINE_WORKER_STEPS_FIELD_NUMBER: _ClassVar[int]
     KV_STORE_INDEX_DROPPED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEP_S_FIELD_NUMBER: _ClassVar[int]
     kv_blocks_received: int
     kv_bytes_received: int
     kv_failed_blocks: int
@@ -106,10 +107,11 @@ class WorkerStats(_message.Message):
     engine_worker_steps: int
     kv_store_index_dropped_events: int
     prefill_tokens_per_s: float
-    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., kv_store_saves_skipped: _Optional[int] = ..., kv_store_blocks_skipped: _Optional[int] = ..., kv_store_loads_cut: _Optional[int] = ..., kv_store_saves_pending: _Optional[int] = ..., kv_store_corrupt_blocks_by_tier: _Optional[_Mapping[str, int]] = ..., engine_quiet_steps: _Optional[int] = ..., engine_worker_steps: _Optional[int] = ..., kv_store_index_dropped_events: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
+    decode_step_s: float
+    def __init__(self, kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_failed_blocks: _Optional[int] = ..., kv_blocks_sent: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., num_held_transfers: _Optional[int] = ..., num_expired_transfers: _Optional[int] = ..., kv_store_blocks: _Optional[int] = ..., kv_store_occupancy_bytes: _Optional[_Mapping[str, int]] = ..., kv_store_hit_blocks: _Optional[_Mapping[str, int]] = ..., kv_store_corrupt_blocks: _Optional[int] = ..., kv_store_blocks_saved: _Optional[int] = ..., kv_store_blocks_loaded: _Optional[int] = ..., kv_store_failed_blocks: _Optional[int] = ..., kv_store_pinned_blocks: _Optional[int] = ..., kv_store_dropped_blocks: _Optional[int] = ..., kv_store_index_errors: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., kv_store_saves_skipped: _Optional[int] = ..., kv_store_blocks_skipped: _Optional[int] = ..., kv_store_loads_cut: _Optional[int] = ..., kv_store_saves_pending: _Optional[int] = ..., kv_store_corrupt_blocks_by_tier: _Optional[_Mapping[str, int]] = ..., engine_quiet_steps: _Optional[int] = ..., engine_worker_steps: _Optional[int] = ..., kv_store_index_dropped_events: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ...) -> None: ...
 
 class WorkerRecord(_message.Message):
-    __slots__ = ("role", "address", "kv_address", "model", "model_fingerprint", "max_num_seqs", "num_kv_blocks", "num_running", "num_waiting", "kv_cache_usage", "started_at", "updated_at", "prefill_tokens_per_s")
+    __slots__ = ("role", "address", "kv_address", "model", "model_fingerprint", "max_num_seqs", "num_kv_blocks", "num_running", "num_waiting", "kv_cache_usage", "started_at", "updated_at", "prefill_tokens_per_s", "decode_step_s")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KV_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +125,7 @@ class WorkerRecord(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEP_S_FIELD_NUMBER: _ClassVar[int]
     role: str
     address: str
     kv_address: str
@@ -136,7 +139,8 @@ class WorkerRecord(_message.Message):
     started_at: float
     updated_at: float
     prefill_tokens_per_s: float
-    def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., kv_address: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
+    decode_step_s: float
+    def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., kv_address: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
@@ -277,7 +281,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., kv: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds", "kv_seconds_before_prefill_done", "kv_seconds_after_prefill_done", "kv_overlap_ratio", "kv_layerwise", "prefill_tokens_per_s")
+    __slots__ = ("token_ids", "text", "finish_reason", "num_cached_tokens", "kv_blocks_received", "kv_bytes_received", "kv_seconds", "kv_first_block_seconds", "kv_seconds_before_prefill_done", "kv_seconds_after_prefill_done", "kv_overlap_ratio", "kv_layerwise", "prefill_tokens_per_s", "decode_step_s")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +295,7 @@ class DecodeResponse(_message.Message):
     KV_OVERLAP_RATIO_FIELD_NUMBER: _ClassVar[int]
     KV_LAYERWISE_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEP_S_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     finish_reason: _common_pb2.FinishReason
@@ -304,4 +309,5 @@ class DecodeResponse(_message.Message):
     kv_overlap_ratio: float
     kv_layerwise: bool
     prefill_tokens_per_s: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ..., kv_first_block_seconds: _Optional[float] = ..., kv_seconds_before_prefill_done: _Optional[float] = ..., kv_seconds_after_prefill_done: _Optional[float] = ..., kv_overlap_ratio: _Optional[float] = ..., kv_layerwise: _Optional[bool] = ..., prefill_tokens_per_s: _Optional[float] = ...) -> None: ...
+    decode_step_s: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_cached_tokens: _Optional[int] = ..., kv_blocks_received: _Optional[int] = ..., kv_bytes_received: _Optional[int] = ..., kv_seconds: _Optional[float] = ..., kv_first_block_seconds: _Optional[float] = ..., kv_seconds_before_prefill_done: _Optional[float] = ..., kv_seconds_after_prefill_done: _Optional[float] = ..., kv_overlap_ratio: _Optional[float] = ..., kv_layerwise: _Optional[bool] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ...) -> None: ...

@@ -55,6 +55,7 @@ async def test_each_worker_both_sends_and_receives_kv(nodes):
     after = [await worker_stats(address) for address in nodes.both_addresses]
     for old, new in zip(before, after):
         assert new.kv_blocks_sent > old.kv_blocks_sent and new.kv_blocks_received > old.kv_blocks_received
+        assert 0 < new.decode_step_s < 2.0   # each decoded: its steps are timed and published
 
 
 LONG_PROMPTS = (15, 16)   # token_prompts()[i]: 1,000 and 1,500 tokens
@@ -73,7 +74,8 @@ def computed_on(last) -> str:
 
 
 async def published_rates(gateway, address) -> dict:
-    """Sends short requests until every worker has published its prompt rate; the workers by address."""
+    """Sends short requests until every worker has published its prompt rate and decoding step time
+    (worker/step_time.py: its second token's step waited for the first's); the workers by address."""
     workers = {w.address: w for w in gateway.pool.workers("decode")}
     for other in workers.values():   # the idle one serves the next: make each the idle one in turn
         for worker in workers.values():
@@ -81,7 +83,7 @@ async def published_rates(gateway, address) -> dict:
         await generate(address, make_request(token_prompts()[3], max_tokens=2))
         for worker in workers.values():
             worker.in_flight -= FULL_BATCH * (worker is not other)
-    assert all(w.prefill_tokens_per_s > 0 for w in workers.values())
+    assert all(w.prefill_tokens_per_s > 0 and 0 < w.decode_step_s < 2.0 for w in workers.values())
     return workers
 
 
@@ -119,6 +121,7 @@ async def test_a_stream_a_prompt_would_stall_moves_to_the_other_worker_every_tok
         workers = await published_rates(gateway, address)
         first, second = workers.values()
         second.in_flight += FULL_BATCH   # the stream goes to `first`, and the long prompt after it
+        second.decode_step_s = 0.0       # the batch is pretended: no step time of its own yet (room for the stream)
         try:
             token_ids, last = [], None
             long_prompt = None

@@ -55,9 +55,10 @@ class FakeWorker(worker_pb2_grpc.WorkerInfoServicer, worker_pb2_grpc.PrefillServ
         self.prefill_tokens_per_s = 5000.0   # the prompt rate it publishes in its answers (a real engine measures it)
         self.server = AioServer([])
         worker_pb2_grpc.add_WorkerInfoServicer_to_server(self, self.server.server)
-        add = worker_pb2_grpc.add_PrefillServicer_to_server if role == "prefill" \
-            else worker_pb2_grpc.add_DecodeServicer_to_server
-        add(self, self.server.server)
+        if role in ("prefill", "both"):
+            worker_pb2_grpc.add_PrefillServicer_to_server(self, self.server.server)
+        if role in ("decode", "both"):
+            worker_pb2_grpc.add_DecodeServicer_to_server(self, self.server.server)
 
     async def GetInfo(self, request, context):
         self.num_info_calls += 1

@@ -2,14 +2,28 @@
 over stand-in workers (the real-engine version is tests/e2e/test_mesh_adaptive.py)."""
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 
 from gateway.flows import Flows
+from gateway.placement import tpot_with_one_more_s
 from gateway.server import Gateway
 from pdmesh.client import make_request, stream_generate
 from pdmesh.config import GatewaySettings
 from tests.gateway.fake_workers import FakeWorker
+
+
+@dataclass
+class _Worker:
+    streams: int
+    decode_step_s: float
+
+    def queue(self) -> int:
+        return self.streams
+
+    def tpot_s(self) -> float:
+        return self.decode_step_s if self.streams else 0.0
 
 
 def _stream(flows: Flows, worker: str, tpot_s: float, num_tokens: int, num_left: int, movable: bool = True,
@@ -28,9 +42,9 @@ def test_a_stream_is_at_risk_when_the_stall_over_its_tokens_takes_its_tpot_past_
     safe = _stream(flows, "a", 0.03, num_tokens=10, num_left=90)
     elsewhere = _stream(flows, "b", 0.04, num_tokens=10, num_left=90)
     assert at_risk.tpot_after_stall_s(1.0) == pytest.approx(0.04 + 1.0 / 99)
-    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["idle"]) == 1
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destination_tpots_s=[0.0]) == 1
     assert (at_risk.move_asked, safe.move_asked, elsewhere.move_asked) == (True, False, False)
-    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["idle"]) == 0   # asked once
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destination_tpots_s=[0.0]) == 0   # asked once
     assert flows.moves_asked == 1
 
 
@@ -41,28 +55,30 @@ def test_no_move_when_moving_costs_more_than_the_stall_or_the_stream_cannot_move
     ending = _stream(flows, "a", 0.04, num_tokens=10, num_left=1, tpot_slo_s=0.01)     # nothing left to save
     no_slo = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, tpot_slo_s=0.0)     # asked for none
     fine = _stream(flows, "a", 0.04, num_tokens=10, num_left=90, tpot_slo_s=0.01)
-    assert flows.ask_at_risk_to_move("a", stall_s=0.1, move_s=0.1, destinations=["idle"]) == 0   # move as long
-    assert flows.ask_at_risk_to_move("a", stall_s=0.2, move_s=0.1, destinations=["idle"]) == 1
+    assert flows.ask_at_risk_to_move("a", stall_s=0.1, move_s=0.1, destination_tpots_s=[0.0]) == 0   # move as long
+    assert flows.ask_at_risk_to_move("a", stall_s=0.2, move_s=0.1, destination_tpots_s=[0.0]) == 1
     assert [s.move_asked for s in (moved_once, starting, ending, no_slo, fine)] == [False, False, False, False,
                                                                                      True]
 
 
 def test_a_stream_moves_only_where_it_would_be_decoded_within_its_slo():
-    """a's stream is at risk; b decodes 3 streams at 0.03 s/token: with one more, 0.04 s, within the
-    stream's 0.05 s SLO. At 0.045 s/token (0.06 with one more) b has no room: nothing moves, as with
-    no other worker at all."""
+    """a's stream is at risk (SLO 0.05 s); another worker that would run at 0.06 s with it has no
+    room: nothing moves, as with no other worker at all; one at 0.04 s takes it."""
     flows = Flows()
     at_risk = _stream(flows, "a", 0.04, num_tokens=10, num_left=90)
-    busy = [_stream(flows, "b", 0.045, num_tokens=10, num_left=90, tpot_slo_s=0.0) for _ in range(3)]
-    assert flows.tpot_with_one_more_s("b") == pytest.approx(0.06)
-    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["b"]) == 0
-    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=[]) == 0
-    for stream in busy:
-        flows.close(stream)
-    for _ in range(3):
-        _stream(flows, "b", 0.03, num_tokens=10, num_left=90, tpot_slo_s=0.0)
-    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destinations=["b"]) == 1
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destination_tpots_s=[0.06]) == 0
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destination_tpots_s=[]) == 0
+    assert flows.ask_at_risk_to_move("a", stall_s=1.0, move_s=0.1, destination_tpots_s=[0.06, 0.04]) == 1
     assert at_risk.move_asked
+
+
+def test_a_destinations_tpot_with_one_more_stream_grows_with_its_batch():
+    """b decodes 3 streams at its published 0.045 s: with one more, 0.06 s; idle, or not yet
+    published: 0 (room)."""
+    b = _Worker(streams=3, decode_step_s=0.045)
+    assert tpot_with_one_more_s(b) == pytest.approx(0.06)
+    assert tpot_with_one_more_s(_Worker(streams=0, decode_step_s=0.045)) == 0.0
+    assert tpot_with_one_more_s(_Worker(streams=3, decode_step_s=0.0)) == 0.0
 
 
 def test_closing_the_last_stream_forgets_its_worker():
@@ -90,7 +106,7 @@ async def test_a_stream_asked_to_move_resumes_on_the_other_worker_every_token_on
                 flows = gateway.generator.disagg.flows
                 (worker, streams), = flows.streams.items()
                 assert flows.ask_at_risk_to_move(worker, stall_s=100.0, move_s=0.0,
-                                                 destinations=[a for a in addresses if a != worker]) == 1
+                                                 destination_tpots_s=[0.0]) == 1
         await asyncio.sleep(0)
     finally:
         await gateway.stop(0)

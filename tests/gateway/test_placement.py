@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.disagg import DisaggCosts
-from gateway.flows import Flows
 from gateway.placement import Placement
 from gateway.prompt_names import PromptNames
 from gateway.seen_prefixes import SeenPrefixes
@@ -19,16 +18,18 @@ class _Worker:
     address: str
     prefill_tokens_per_s: float
     streams: int = 0
+    decode_step_s: float = 0.0   # published
     info: worker_pb2.WorkerInfoResponse = field(default_factory=lambda: info("both"))
 
     def queue(self) -> int:
         return self.streams
 
+    def tpot_s(self) -> float:
+        return self.decode_step_s if self.streams else 0.0
 
-def _placement(ttft_slo_s: float = 2.5, handoff_s: float = 0.02, tpot_slo_s: float = 0.0,
-               flows: Flows | None = None) -> Placement:
-    return Placement(DisaggCosts(initial_handoff_s=handoff_s), SeenPrefixes(), flows or Flows(),
-                     RequestSlo(ttft_slo_s, tpot_slo_s))
+
+def _placement(ttft_slo_s: float = 2.5, handoff_s: float = 0.02, tpot_slo_s: float = 0.0) -> Placement:
+    return Placement(DisaggCosts(initial_handoff_s=handoff_s), SeenPrefixes(), RequestSlo(ttft_slo_s, tpot_slo_s))
 
 
 def _prompt(num_tokens: int, first: int = 0) -> PromptNames:
@@ -65,18 +66,21 @@ def test_a_queue_of_prompts_on_the_idle_worker_sends_the_next_to_the_other_withi
 
 
 def test_a_decode_whose_streams_run_past_the_requests_tpot_slo_is_taken_last():
-    """a decodes one stream at 50 ms a token, b three at 10 ms: the least harm is on a, but a request
-    asking for 25 ms is decoded on b (its prompt still computed on a, where it harms fewer streams);
-    one asking for none (or 60 ms) is served whole on a."""
-    flows = Flows()
-    a, b = _Worker("a", 10_000, streams=1), _Worker("b", 10_000, streams=3)
-    for worker, tpot_s in (("a", 0.05), ("b", 0.01), ("b", 0.01), ("b", 0.01)):
-        stream = flows.open(worker, 100, 0.0, movable=True)
-        stream.on_tokens(1, now=0.0)
-        stream.on_tokens(1, now=tpot_s)
-    assert flows.tpot_s("a") == pytest.approx(0.05)
+    """a decodes one stream, publishing 50 ms steps, b three at 10 ms: the least harm is on a, but a
+    request asking for 25 ms is decoded on b (its prompt still computed on a, where it harms fewer
+    streams); one asking for none (or 60 ms) is served whole on a."""
+    a = _Worker("a", 10_000, streams=1, decode_step_s=0.05)
+    b = _Worker("b", 10_000, streams=3, decode_step_s=0.01)
     for tpot_slo_s, chosen in ((0.025, ("a", "b")), (0.0, (None, "a")), (0.06, (None, "a"))):
-        assert _chosen(_placement(tpot_slo_s=tpot_slo_s, flows=flows), _prompt(100), [a, b]) == chosen
+        assert _chosen(_placement(tpot_slo_s=tpot_slo_s), _prompt(100), [a, b]) == chosen
+
+
+def test_an_idle_workers_last_published_step_time_is_no_batchs_tpot():
+    """a published 50 ms steps while it decoded; now it serves nothing: a request asking for 25 ms is
+    served whole on it (were its old figure its TPOT, the request would be decoded on b, 10 ms)."""
+    a = _Worker("a", 10_000, streams=0, decode_step_s=0.05)
+    b = _Worker("b", 10_000, streams=3, decode_step_s=0.01)
+    assert _chosen(_placement(tpot_slo_s=0.025), _prompt(100), [a, b]) == (None, "a")
 
 
 def test_the_reason_says_what_decided():

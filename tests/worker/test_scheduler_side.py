@@ -3,6 +3,9 @@
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
 
 from vllm.v1.request import RequestStatus
 
@@ -15,7 +18,7 @@ from worker.scheduler_side import ConnectorScheduler
 
 BLOCK_SIZE = 32
 SEED = b"model-fingerprint"
-RATE_ONLY = {kvp.PREFILL_TOKENS_PER_S: 5000.0}   # every finished request's params: the engine's prompt rate
+RATE_ONLY = {kvp.PREFILL_TOKENS_PER_S: 5000.0, kvp.DECODE_STEP_S: 0.0}   # every finished request's params: the rates
 
 
 def _names(token_ids, cache_salt: str = "") -> list[bytes]:
@@ -327,12 +330,24 @@ def test_layerwise_and_decode_requests_mint_no_transfer_id():
     assert sched.build_connector_meta().minted_transfer_ids == []
 
 
-def test_the_prompt_rate_is_measured_on_the_steps_scheduled_and_returned_with_every_finished_request():
+def test_the_prompt_rate_and_step_time_are_measured_on_the_steps_and_returned_with_every_finished_request():
     sched = ConnectorScheduler(BLOCK_SIZE, "x", SEED, compute_rate=ComputeRate(1000.0, alpha=1.0))
     sched.compute_rate.on_step(2000, now=10.0)   # a 2,000-token step that took 0.5 s
     sched.compute_rate.on_step(0, now=10.5)
+    sched.decode_step_time.on_step(3, now=10.5)
+    sched.decode_step_time.on_step(3, now=10.52)   # decoding 3 streams: 20 ms a step
     request = _Request("l-1", [1, 2], None, status=RequestStatus.FINISHED_LENGTH_CAPPED)  # served whole here
-    assert sched.request_finished(request, ([5],)) == (False, {kvp.PREFILL_TOKENS_PER_S: 4000.0})
+    delay_free, params = sched.request_finished(request, ([5],))
+    assert (delay_free, params[kvp.PREFILL_TOKENS_PER_S]) == (False, 4000.0)
+    assert params[kvp.DECODE_STEP_S] == pytest.approx(0.02)
+
+
+def test_every_scheduled_step_times_the_decoding_steps():
+    sched = ConnectorScheduler(BLOCK_SIZE, "x", SEED)
+    for _ in range(3):
+        sched.build_connector_meta(SimpleNamespace(total_num_scheduled_tokens=2, num_scheduled_tokens={"a": 1, "b": 1},
+                                                   scheduled_cached_reqs=SimpleNamespace(req_ids=["a", "b"])))
+    assert sched.decode_step_time.num_samples == 2 and 0 < sched.decode_step_time.step_s < 2.0
 
 
 def test_a_store_load_is_budgeted_at_the_measured_rate():

@@ -24,6 +24,7 @@ class SchedulerStats:
     num_kv_blocks: int
     engine_quiet_steps: int
     prefill_tokens_per_s: float   # the engine's measured prompt rate (worker/compute_rate.py)
+    decode_step_s: float          # its decoding steps' time: its streams' TPOT (worker/step_time.py)
 
 
 class EngineCalls:

@@ -19,8 +19,10 @@ def _scheduler_stats(engine_core) -> dict:
     connector = scheduler.get_kv_connector()
     quiet = getattr(connector, "quiet_steps", None)
     rate = getattr(connector, "compute_rate", None)
+    step_time = getattr(connector, "decode_step_time", None)
     return {
         "prefill_tokens_per_s": rate.tokens_per_s if rate is not None else 0.0,
+        "decode_step_s": step_time.step_s if step_time is not None else 0.0,
         "engine_quiet_steps": quiet.num_skipped if quiet is not None else 0,
         "num_running_requests": num_running,
         "num_waiting_requests": num_waiting,

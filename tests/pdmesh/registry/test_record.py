@@ -14,7 +14,7 @@ def _record(**overrides) -> WorkerRecord:
     fields = dict(role="prefill", address="10.0.0.1:50051", kv_address="10.0.0.1:7000", model="tiny-llama",
                   model_fingerprint="fp-1234", max_num_seqs=64, num_kv_blocks=512, num_running=3, num_waiting=2,
                   kv_cache_usage=0.25, started_at=1_700_000_000.5, updated_at=1_700_000_001.0,
-                  prefill_tokens_per_s=2500.0)
+                  prefill_tokens_per_s=2500.0, decode_step_s=0.02)
     return WorkerRecord(**(fields | overrides))
 
 
@@ -25,7 +25,7 @@ def test_a_record_round_trips_and_reads_as_plain_json():
                                 "model": "tiny-llama", "model_fingerprint": "fp-1234", "max_num_seqs": 64,
                                 "num_kv_blocks": 512, "num_running": 3, "num_waiting": 2, "kv_cache_usage": 0.25,
                                 "started_at": 1_700_000_000.5, "updated_at": 1_700_000_001.0,
-                                "prefill_tokens_per_s": 2500.0}
+                                "prefill_tokens_per_s": 2500.0, "decode_step_s": 0.02}
 
 
 def test_fields_a_newer_worker_adds_are_ignored_and_a_zero_load_is_written_out():

@@ -86,11 +86,11 @@ async def test_the_load_callback_is_read_at_every_beat(redis_server):
     await publisher.start()
     first = _stored(redis_server, publisher.record)
     assert (first["num_running"], first["num_waiting"], first["kv_cache_usage"]) == (0, 0, 0.0)
-    load = WorkerLoad(num_running=7, num_waiting=3, kv_cache_usage=0.625, prefill_tokens_per_s=2500.0)
+    load = WorkerLoad(num_running=7, num_waiting=3, kv_cache_usage=0.625, prefill_tokens_per_s=2500.0, decode_step_s=0.02)
     await _eventually(lambda: _stored(redis_server, publisher.record)["num_running"] == 7, timeout_s=1.0)
     stored = _stored(redis_server, publisher.record)
     assert (stored["num_running"], stored["num_waiting"], stored["kv_cache_usage"]) == (7, 3, 0.625)
-    assert stored["prefill_tokens_per_s"] == 2500.0
+    assert (stored["prefill_tokens_per_s"], stored["decode_step_s"]) == (2500.0, 0.02)
     assert stored["updated_at"] > first["updated_at"]
     assert stored["started_at"] == first["started_at"] == 1_700_000_000.5
     await publisher.stop()

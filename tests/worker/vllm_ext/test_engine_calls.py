@@ -44,7 +44,7 @@ class _Engine:
     async def call_utility_async(self, method: str):
         assert method == engine_core_ext.METHOD_NAME
         return {"num_running_requests": 1, "num_waiting_requests": 2, "kv_cache_usage": 0.25, "num_kv_blocks": 64,
-                "engine_quiet_steps": 5, "prefill_tokens_per_s": 2500.0}
+                "engine_quiet_steps": 5, "prefill_tokens_per_s": 2500.0, "decode_step_s": 0.02}
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ async def test_each_call_reaches_the_method_of_its_name_and_comes_back_typed(cal
     assert (await calls.spill_store("nvme"), await calls.spill_store("dram")) == (3, None)
     assert await calls.release_transfer("t-1") is True and _ConnectorWorker.released[-1] == "t-1"
     assert await calls.release_request("r-1") == 2
-    assert await calls.scheduler_stats() == SchedulerStats(1, 2, 0.25, 64, 5, 2500.0)
+    assert await calls.scheduler_stats() == SchedulerStats(1, 2, 0.25, 64, 5, 2500.0, 0.02)
 
 
 async def test_a_workers_stats_answer_carries_every_field_the_engine_reports(calls, monkeypatch):
@@ -69,4 +69,5 @@ async def test_a_workers_stats_answer_carries_every_field_the_engine_reports(cal
 
     servicer = WorkerInfoServicer(None, _Engine())
     stats = await servicer.GetStats(None, None)
-    assert (stats.kv_blocks_sent, stats.num_running_requests, stats.prefill_tokens_per_s) == (7, 1, 2500.0)
+    assert (stats.kv_blocks_sent, stats.num_running_requests, stats.prefill_tokens_per_s, stats.decode_step_s) == (
+        7, 1, 2500.0, 0.02)
