@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,14 +17,22 @@ from pathlib import Path
 
 import yaml
 
+from pdmesh.cluster import MODULES
+from pdmesh.config import GatewaySettings, WorkerSettings
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 GEN_SECRETS = ROOT / "scripts" / "gen_secrets.sh"
 INIT_SECRETS = DEPLOY / "init_secrets.py"   # the compose stack's secrets-init service runs it
 COMPOSE_VARIANTS = ("cpu", "cuda", "ascend")   # docker-compose.yml alone, or with docker-compose.<variant>.yml
-OVERLAYS = ("cpu", "cuda", "ascend")
+# The workers' layout: taking both roles (the default), or the static split (docker-compose.split.yml last;
+# the overlays named <nodes>-split)
+LAYOUTS = ("both", "split")
+COMPOSE_STACKS = [(variant, layout) for variant in COMPOSE_VARIANTS for layout in LAYOUTS]
+OVERLAYS = ("cpu", "cuda", "ascend", "cpu-split", "cuda-split", "ascend-split")
 DEV_SECRETS = ("pdmesh-dev", "pdmesh-dev-mesh")   # what `pdmesh up` uses on one machine
+WORKER_ROLES = {module: role for role, module in MODULES.items()}   # python -m node: a worker taking both roles
 
 
 def fresh_environment(**variables: str) -> dict[str, str]:
@@ -31,24 +40,42 @@ def fresh_environment(**variables: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("PDMESH_")}, **variables}
 
 
-def compose_files(variant: str) -> list[Path]:
+def compose_files(variant: str, layout: str = "both") -> list[Path]:
     files = [DEPLOY / "docker-compose.yml"]
-    return files if variant == "cpu" else files + [DEPLOY / f"docker-compose.{variant}.yml"]
+    files += [] if variant == "cpu" else [DEPLOY / f"docker-compose.{variant}.yml"]
+    return files + ([DEPLOY / "docker-compose.split.yml"] if layout == "split" else [])
 
 
-def compose_config(variant: str, **variables: str) -> dict:
+def compose_config(variant: str, layout: str = "both", **variables: str) -> dict:
     """The merged configuration `docker-compose config` prints, variables substituted."""
-    return yaml.safe_load(_compose_config_text(variant, tuple(sorted(variables.items()))))
+    return yaml.safe_load(_compose_config_text(variant, layout, tuple(sorted(variables.items()))))
 
 
 @functools.cache
-def _compose_config_text(variant: str, variables: tuple[tuple[str, str], ...]) -> str:
+def _compose_config_text(variant: str, layout: str, variables: tuple[tuple[str, str], ...]) -> str:
     assert shutil.which("docker-compose"), "docker-compose is not installed: bash scripts/setup.sh installs it"
-    args = [arg for path in compose_files(variant) for arg in ("-f", str(path))]
+    args = [arg for path in compose_files(variant, layout) for arg in ("-f", str(path))]
     out = subprocess.run(["docker-compose", *args, "config"], capture_output=True, text=True, timeout=60,
                          env=fresh_environment(**dict(variables)))
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def compose_process(service: dict) -> tuple[str, list[str]]:
+    """(module, flags) of a pdmesh service: `python -m <module>` from its entrypoint, then its command
+    (a string split into words as compose splits it, without a shell)."""
+    words = [word for part in (service["entrypoint"], service.get("command") or [])
+             for word in (shlex.split(part) if isinstance(part, str) else part)]
+    python, dash_m, module, *args = words
+    assert (python, dash_m) == ("python", "-m"), words
+    return module, args
+
+
+def settings_of(module: str, args: list[str]):
+    """The settings `python -m <module> <args>` builds, from its flags and this process's environment."""
+    if module == "gateway":
+        return GatewaySettings.from_cli(args)
+    return WorkerSettings.from_cli(args, role=WORKER_ROLES[module])   # as worker_main gives each module's
 
 
 def init_compose_secrets(folder: Path, **variables: str) -> subprocess.CompletedProcess:
@@ -93,6 +120,10 @@ def render(overlay: str) -> list[dict]:
     out = kustomize_build(k8s_tree() / "overlays" / overlay)
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def layout_of(overlay: str) -> str:
+    return "split" if overlay.endswith("-split") else "both"
 
 
 @functools.cache

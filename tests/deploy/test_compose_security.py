@@ -22,8 +22,8 @@ import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pdmesh.config import GatewaySettings, WorkerSettings
-from tests.deploy.rendered import COMPOSE_VARIANTS, DEPLOY, DEV_SECRETS, compose_config, init_compose_secrets
+from tests.deploy.rendered import (COMPOSE_STACKS, DEPLOY, DEV_SECRETS, compose_config, compose_process,
+                                   init_compose_secrets, settings_of)
 from worker.engine import free_port
 
 INIT_SERVICE = "secrets-init"
@@ -67,10 +67,10 @@ def _on_host(value: str, service: dict, secrets_dir: Path) -> str:
 
 def _pdmesh_settings(service: dict, secrets_dir: Path, monkeypatch):
     """The settings a pdmesh service's process builds: its flags and environment, its secrets' files."""
-    python, dash_m, module, *args = service["entrypoint"] + service["command"]
+    module, args = compose_process(service)
     for name, value in service.get("environment", {}).items():
         monkeypatch.setenv(name, _on_host(str(value), service, secrets_dir))
-    return (GatewaySettings if module == "gateway" else WorkerSettings).from_cli(args)
+    return settings_of(module, args)
 
 
 def _start_redis(service: dict, secrets_dir: Path, work_dir: Path, port: int, password: str) -> subprocess.Popen:
@@ -94,7 +94,7 @@ def test_secrets_init_runs_before_every_service_that_reads_the_secrets(compose):
     services = compose["services"]
     assert services[INIT_SERVICE]["volumes"] == [f"{SECRETS_VOLUME}:/etc/pdmesh/secrets:rw"]
     readers = {name for name, service in services.items() if name != INIT_SERVICE and _secrets_target(service)}
-    assert readers == {"prefill", "decode", "gateway", "redis", "grafana"}
+    assert readers == {"worker-0", "worker-1", "gateway", "redis", "grafana"}
     for name in readers:
         assert services[name]["depends_on"][INIT_SERVICE] == {"condition": "service_completed_successfully"}
 
@@ -103,18 +103,18 @@ def test_the_generated_secrets_feed_every_consumer_and_redis_refuses_the_dev_pas
                                                                                        tmp_path, monkeypatch):
     services = compose["services"]
     made = _read_secrets(made_secrets)
-    prefill = _pdmesh_settings(services["prefill"], made_secrets, monkeypatch)
-    decode = _pdmesh_settings(services["decode"], made_secrets, monkeypatch)
+    workers = [_pdmesh_settings(services[name], made_secrets, monkeypatch) for name in ("worker-0", "worker-1")]
     gateway = _pdmesh_settings(services["gateway"], made_secrets, monkeypatch)
-    assert prefill.mesh_token == decode.mesh_token == gateway.mesh_token == made["mesh-token"]
-    assert (prefill.registry.redis_password == prefill.store.redis_password == decode.registry.redis_password
-            == gateway.registry.redis_password == gateway.kv_index_redis_password == made["redis-password"])
+    assert {worker.mesh_token for worker in workers} == {gateway.mesh_token} == {made["mesh-token"]}
+    assert {password for worker in workers for password in (worker.registry.redis_password,
+                                                            worker.store.redis_password)} == {
+        gateway.registry.redis_password, gateway.kv_index_redis_password} == {made["redis-password"]}
     grafana_env = services["grafana"]["environment"]
     grafana_password = Path(_on_host(grafana_env["GF_SECURITY_ADMIN_PASSWORD__FILE"], services["grafana"],
                                      made_secrets)).read_text()
     assert grafana_password == made["grafana-admin-password"]
     port = free_port("127.0.0.1")
-    server = _start_redis(services["redis"], made_secrets, tmp_path, port, prefill.registry.redis_password)
+    server = _start_redis(services["redis"], made_secrets, tmp_path, port, gateway.registry.redis_password)
     try:
         assert redis.Redis(host="127.0.0.1", port=port, password=made["redis-password"]).ping()
         for wrong in (None, *DEV_SECRETS):
@@ -143,9 +143,9 @@ def test_secrets_are_random_private_kept_across_starts_and_never_the_dev_values(
         assert refused.returncode != 0 and "development value" in refused.stderr
 
 
-@pytest.mark.parametrize("variant", COMPOSE_VARIANTS)
-def test_no_dev_secret_in_the_rendered_stack(variant):
-    rendered = yaml.safe_dump(compose_config(variant))
+@pytest.mark.parametrize("variant, layout", COMPOSE_STACKS)
+def test_no_dev_secret_in_the_rendered_stack(variant, layout):
+    rendered = yaml.safe_dump(compose_config(variant, layout))
     assert not any(dev in rendered for dev in DEV_SECRETS)
     assert "requirepass" not in rendered   # no password on a command line either
 
@@ -163,12 +163,12 @@ def _published_hosts(config: dict) -> dict[str, list[str]]:
     return hosts
 
 
-@pytest.mark.parametrize("variant", COMPOSE_VARIANTS)
-def test_published_ports_listen_on_loopback_unless_the_operator_says_otherwise(variant):
-    by_default = _published_hosts(compose_config(variant))
+@pytest.mark.parametrize("variant, layout", COMPOSE_STACKS)
+def test_published_ports_listen_on_loopback_unless_the_operator_says_otherwise(variant, layout):
+    by_default = _published_hosts(compose_config(variant, layout))
     assert set(by_default) == {"gateway", "prometheus", "grafana"}
     assert {host for hosts in by_default.values() for host in hosts} == {"127.0.0.1"}
-    chosen = _published_hosts(compose_config(variant, PDMESH_PUBLISH_HOST="10.0.0.7"))
+    chosen = _published_hosts(compose_config(variant, layout, PDMESH_PUBLISH_HOST="10.0.0.7"))
     assert {host for hosts in chosen.values() for host in hosts} == {"10.0.0.7"}
 
 
@@ -181,9 +181,9 @@ def test_grafana_has_no_anonymous_access_and_a_generated_admin_password(compose)
     assert environment["GF_SECURITY_ADMIN_PASSWORD__FILE"] == f"{_secrets_target(grafana)}/grafana-admin-password"
 
 
-@pytest.mark.parametrize("variant", COMPOSE_VARIANTS)
-def test_every_service_runs_as_a_numeric_non_root_user_without_capabilities(variant):
-    for name, service in compose_config(variant)["services"].items():
+@pytest.mark.parametrize("variant, layout", COMPOSE_STACKS)
+def test_every_service_runs_as_a_numeric_non_root_user_without_capabilities(variant, layout):
+    for name, service in compose_config(variant, layout)["services"].items():
         user, group = re.fullmatch(r"(\d+):(\d+)", str(service["user"])).groups()
         assert int(user) > 0 and int(group) > 0, name
         assert service["read_only"] is True, name

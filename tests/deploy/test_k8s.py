@@ -1,4 +1,5 @@
-"""deploy/k8s rendered with kustomize for each overlay (cpu, cuda, ascend), every object validated
+"""deploy/k8s rendered with kustomize for each overlay (cpu, cuda, ascend: workers taking both roles;
+cpu-split, cuda-split, ascend-split: the role-pinned split on the same nodes), every object validated
 against the real Kubernetes schema (strict: unknown fields are errors), and the wiring checked with
 the real settings classes: each pdmesh container's flags and PDMESH_* environment parse into the
 addresses of the Services they name, probes ask the gRPC health service on the serving port, and
@@ -8,17 +9,22 @@ clear of HCCL's."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import kubernetes_validate
 import pytest
 
 from pdmesh.config import GatewaySettings, WorkerSettings
-from tests.deploy.rendered import OVERLAYS, k8s_objects
+from tests.deploy.rendered import OVERLAYS, k8s_objects, layout_of, settings_of
 
 KUBERNETES_VERSION = "1.30.0"
 POD_IP = "10.1.2.3"
-SETTINGS = {"gateway": GatewaySettings, "prefill": WorkerSettings, "decode": WorkerSettings}
+# (kind, name) -> the module its container runs, for each pdmesh workload an overlay may render
+WORKLOADS = {("Deployment", "pdmesh-gateway"): "gateway", ("StatefulSet", "pdmesh-worker"): "node",
+             ("StatefulSet", "pdmesh-prefill"): "prefill", ("Deployment", "pdmesh-decode"): "decode"}
+WORKERS = {"both": ["pdmesh-worker"], "split": ["pdmesh-prefill", "pdmesh-decode"]}   # by layout
+SERVICE_OF = {"pdmesh-worker": "pdmesh-worker", "pdmesh-prefill": "pdmesh-prefill"}   # the KV producers' Services
 
 
 @pytest.fixture(params=OVERLAYS)
@@ -31,11 +37,19 @@ def _container(objects, kind: str, name: str) -> dict:
     return container
 
 
-def _workloads(objects) -> dict[str, dict]:
-    """role → its container (gateway, prefill, decode)."""
-    return {"gateway": _container(objects, "Deployment", "pdmesh-gateway"),
-            "prefill": _container(objects, "StatefulSet", "pdmesh-prefill"),
-            "decode": _container(objects, "Deployment", "pdmesh-decode")}
+def _workloads(objects) -> dict[str, tuple[str, dict]]:
+    """name → (module, container) of each pdmesh workload rendered."""
+    return {name: (module, _container(objects, kind, name)) for (kind, name), module in WORKLOADS.items()
+            if (kind, name) in objects}
+
+
+def _workers(objects) -> dict[str, tuple[str, dict]]:
+    return {name: found for name, found in _workloads(objects).items() if name != "pdmesh-gateway"}
+
+
+def _kind_of(objects, name: str) -> str:
+    [kind] = [kind for kind, found in objects if found == name and kind in ("Deployment", "StatefulSet")]
+    return kind
 
 
 def _environment(container: dict) -> dict[str, str]:
@@ -51,11 +65,11 @@ def _environment(container: dict) -> dict[str, str]:
     return env
 
 
-def _settings(role: str, container: dict, monkeypatch):
+def _settings(module: str, container: dict, monkeypatch):
     for name, value in _environment(container).items():
         monkeypatch.setenv(name, value)
-    assert container["command"] == ["python", "-m", role]
-    return SETTINGS[role].from_cli(container["args"])
+    assert container["command"] == ["python", "-m", module]
+    return settings_of(module, container["args"])
 
 
 def _field_path_exists(model, path: list[str]) -> bool:
@@ -75,6 +89,7 @@ def test_every_object_validates_against_the_kubernetes_schema(rendered):
     _, objects = rendered
     for (kind, name), doc in objects.items():
         assert kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True), f"{kind}/{name}"
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pdmesh", f"{kind}/{name}"
     assert {kind for kind, _ in objects} >= {"Deployment", "StatefulSet", "Service", "ConfigMap", "Secret",
                                             "NetworkPolicy"}
 
@@ -82,7 +97,8 @@ def test_every_object_validates_against_the_kubernetes_schema(rendered):
 @pytest.mark.parametrize("breakage", ["unknown field", "wrong type"])
 def test_the_validator_refuses_a_broken_object(rendered, breakage):
     _, objects = rendered
-    broken = copy.deepcopy(objects[("StatefulSet", "pdmesh-prefill")])
+    [statefulset] = [doc for (kind, _), doc in objects.items() if kind == "StatefulSet"]
+    broken = copy.deepcopy(statefulset)
     if breakage == "unknown field":
         broken["spec"]["template"]["spec"]["containres"] = broken["spec"]["template"]["spec"].pop("containers")
     else:
@@ -93,67 +109,83 @@ def test_the_validator_refuses_a_broken_object(rendered, breakage):
 
 def test_every_pdmesh_variable_names_a_real_setting(rendered):
     _, objects = rendered
-    for role, container in _workloads(objects).items():
-        prefix = "PDMESH_GATEWAY_" if role == "gateway" else "PDMESH_WORKER_"
-        for name in _environment(container):
-            if name.startswith("PDMESH_"):
-                assert name.startswith(prefix), name
-                path = name.removeprefix(prefix).split("__")
-                assert _field_path_exists(SETTINGS[role], path), f"{role}: {name} sets nothing"
+    for name, (module, container) in _workloads(objects).items():
+        prefix, settings = (("PDMESH_GATEWAY_", GatewaySettings) if module == "gateway"
+                            else ("PDMESH_WORKER_", WorkerSettings))
+        for variable in _environment(container):
+            if variable.startswith("PDMESH_"):
+                assert variable.startswith(prefix), variable
+                path = variable.removeprefix(prefix).split("__")
+                assert _field_path_exists(settings, path), f"{name}: {variable} sets nothing"
+
+
+def test_the_layouts_workloads_and_how_the_gateway_places_requests_over_them(rendered, monkeypatch):
+    overlay, objects = rendered
+    layout = layout_of(overlay)
+    assert sorted(_workers(objects)) == sorted(WORKERS[layout])
+    others = {name for names in WORKERS.values() for name in names} - set(WORKERS[layout])
+    assert not [key for key in objects if key[1] in others]   # nor their Services, NetworkPolicies
+    gateway = _settings("gateway", _container(objects, "Deployment", "pdmesh-gateway"), monkeypatch)
+    assert gateway.disagg_policy == {"both": "adaptive", "split": "remote"}[layout]
+    if layout == "both":   # one pool, each pod its own KV store volume, started together
+        worker = objects[("StatefulSet", "pdmesh-worker")]
+        assert (worker["spec"]["replicas"], worker["spec"]["podManagementPolicy"]) == (2, "Parallel")
+        assert [t["metadata"]["name"] for t in worker["spec"]["volumeClaimTemplates"]] == ["kvstore"]
+        assert worker["spec"]["template"]["metadata"]["labels"]["pdmesh.io/role"] == "both"
+    else:                  # each role scaled on its own
+        prefill, decode = objects[("StatefulSet", "pdmesh-prefill")], objects[("Deployment", "pdmesh-decode")]
+        assert prefill["spec"]["replicas"] == decode["spec"]["replicas"] == 1
+        assert [t["metadata"]["name"] for t in prefill["spec"]["volumeClaimTemplates"]] == ["kvstore"]
+    secret = next(name for kind, name in objects if kind == "Secret")
+    referenced = {var["valueFrom"]["secretKeyRef"]["name"] for _, c in _workloads(objects).values()
+                  for var in c["env"] if "secretKeyRef" in var.get("valueFrom", {})}
+    assert referenced == {secret}  # kustomize's hashed name, everywhere
 
 
 def test_workers_register_their_pod_ip_and_every_address_is_a_service_port(rendered, monkeypatch):
     _, objects = rendered
-    containers = _workloads(objects)
-    gateway = _settings("gateway", containers["gateway"], monkeypatch)
+    gateway = _settings("gateway", _container(objects, "Deployment", "pdmesh-gateway"), monkeypatch)
     redis_url = f"redis://pdmesh-redis:{_service_port(objects, 'pdmesh-redis', 'redis')}/0"
     collector = f"pdmesh-otel-collector:{_service_port(objects, 'pdmesh-otel-collector', 'otlp-grpc')}"
-    assert (gateway.prefill_workers, gateway.decode_workers) == ([], [])  # the registry's workers only
+    assert (gateway.workers, gateway.prefill_workers, gateway.decode_workers) == ([], [], [])  # the registry's only
     assert gateway.registry.redis_url == gateway.kv_index_redis_url == redis_url
     assert gateway.registry.redis_password == gateway.kv_index_redis_password == "secret:redis-password"
     assert (gateway.port, gateway.http_port) == (_service_port(objects, "pdmesh-gateway", "grpc"),
                                                  _service_port(objects, "pdmesh-gateway", "http"))
-    for role in ("prefill", "decode"):
-        worker = _settings(role, containers[role], monkeypatch)
-        ports = {p["name"]: p["containerPort"] for p in containers[role]["ports"]}
+    producers = []
+    for name, (module, container) in _workers(objects).items():
+        worker = _settings(module, container, monkeypatch)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert (worker.host, worker.advertise_host, worker.port) == ("0.0.0.0", POD_IP, ports["grpc"])
         assert (worker.registry.redis_url, worker.registry.redis_password) == (redis_url, "secret:redis-password")
         assert worker.mesh_token == gateway.mesh_token == "secret:mesh-token"   # the same secret on every port
         assert worker.engine.model.startswith("/models/")
+        assert gateway.tokenizer == worker.engine.model   # the gateway tokenizes with the served model's
         for settings in (gateway, worker):
             assert (settings.telemetry.exporter, settings.telemetry.otlp_endpoint) == ("otlp", collector)
             assert (settings.telemetry.metrics_host, settings.telemetry.metrics_port) == ("0.0.0.0", 9400)
-        if role == "prefill":
+        if worker.produces:   # its KV port, and its KV store on the StatefulSet's own volume
+            producers.append(name)
             assert (worker.kv_host, worker.kv_advertise_host, worker.kv_port) == ("0.0.0.0", POD_IP, ports["kv"])
-            assert worker.kv_port == _service_port(objects, "pdmesh-prefill", "kv")
+            assert worker.kv_port == _service_port(objects, SERVICE_OF[name], "kv")
             assert worker.store.redis_url == redis_url
-            mounts = {m["name"]: m["mountPath"] for m in containers[role]["volumeMounts"]}
-            assert str(worker.store.nvme_dir.parent) == mounts["kvstore"]  # on the StatefulSet's own volume
-    assert gateway.tokenizer == _environment(containers["prefill"])["PDMESH_WORKER_ENGINE__MODEL"]  # its tokenizer
+            mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+            assert str(worker.store.nvme_dir.parent) == mounts["kvstore"]
+            assert _kind_of(objects, name) == "StatefulSet"
+        else:
+            assert "kv" not in ports
+    assert producers == [name for name in _workers(objects) if name in SERVICE_OF] and producers
 
 
 def test_probes_ask_grpc_health_on_the_serving_port_and_metrics_are_scraped(rendered):
     _, objects = rendered
-    for role, container in _workloads(objects).items():
+    for name, (module, container) in _workloads(objects).items():
         grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
         probes = [container[p] for p in ("startupProbe", "readinessProbe", "livenessProbe") if p in container]
-        assert len(probes) == (2 if role == "gateway" else 3)
+        assert len(probes) == (2 if module == "gateway" else 3)
         assert all(probe["grpc"] == {"port": grpc_port} for probe in probes)
-    for name, kind in (("pdmesh-gateway", "Deployment"), ("pdmesh-prefill", "StatefulSet"),
-                       ("pdmesh-decode", "Deployment")):
-        annotations = objects[(kind, name)]["spec"]["template"]["metadata"]["annotations"]
+        annotations = objects[(_kind_of(objects, name), name)]["spec"]["template"]["metadata"]["annotations"]
         assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"}
-
-
-def test_prefill_and_decode_are_separate_workloads_with_their_own_replicas(rendered):
-    _, objects = rendered
-    prefill, decode = objects[("StatefulSet", "pdmesh-prefill")], objects[("Deployment", "pdmesh-decode")]
-    assert prefill["spec"]["replicas"] == decode["spec"]["replicas"] == 1
-    assert [t["metadata"]["name"] for t in prefill["spec"]["volumeClaimTemplates"]] == ["kvstore"]
-    secret = next(name for kind, name in objects if kind == "Secret")
-    referenced = {var["valueFrom"]["secretKeyRef"]["name"] for c in _workloads(objects).values()
-                  for var in c["env"] if "secretKeyRef" in var.get("valueFrom", {})}
-    assert referenced == {secret}  # kustomize's hashed name, everywhere
 
 
 def _limits(container: dict) -> dict:
@@ -162,26 +194,49 @@ def _limits(container: dict) -> dict:
 
 def test_accelerator_overlays_request_their_device_and_pin_whole_cores(rendered):
     overlay, objects = rendered
-    device = {"cpu": None, "cuda": "nvidia.com/gpu", "ascend": "huawei.com/Ascend910"}[overlay]
-    for role in ("prefill", "decode"):
-        container = _workloads(objects)[role]
+    nodes = overlay.removesuffix("-split")
+    device = {"cpu": None, "cuda": "nvidia.com/gpu", "ascend": "huawei.com/Ascend910"}[nodes]
+    for _, container in _workers(objects).values():
         assert container["resources"]["requests"] == _limits(container)  # Guaranteed QoS: pinned cores
         assert re.fullmatch(r"\d+", str(_limits(container)["cpu"]))
         assert (_limits(container).get(device) if device else None) == (1 if device else None)
 
 
-def test_the_ascend_overlay_mounts_the_driver_and_keeps_kv_ports_clear_of_hccl(monkeypatch):
-    objects = k8s_objects("ascend")
-    for role in ("prefill", "decode"):
-        pod = objects[("StatefulSet" if role == "prefill" else "Deployment", f"pdmesh-{role}")]["spec"]["template"]
-        container = _workloads(objects)[role]
+def _as_set(items: list[dict]) -> set[str]:
+    return {json.dumps(item, sort_keys=True) for item in items}
+
+
+@pytest.mark.parametrize("nodes", ["cpu", "cuda", "ascend"])
+def test_the_split_runs_on_the_same_nodes_as_the_workers_taking_both_roles(nodes):
+    """Each role-pinned worker is configured as the other overlay's worker, less what its role does not
+    use (decode: no KV port, no KV store): the accelerator's patches reached it."""
+    both, split = k8s_objects(nodes), k8s_objects(f"{nodes}-split")
+    [(_, reference)] = _workers(both).values()
+    pod = both[("StatefulSet", "pdmesh-worker")]["spec"]["template"]["spec"]
+    for name, (_, container) in _workers(split).items():
+        assert (container["image"], container["resources"]) == (reference["image"], reference["resources"])
+        assert _environment(container).items() <= _environment(reference).items()
+        assert _as_set(container["volumeMounts"]) <= _as_set(reference["volumeMounts"])
+        assert _as_set(container["ports"]) <= _as_set(reference["ports"])
+        split_pod = split[(_kind_of(split, name), name)]["spec"]["template"]["spec"]
+        for field in ("nodeSelector", "tolerations", "securityContext"):
+            assert split_pod.get(field) == pod.get(field), (name, field)
+        assert _as_set(split_pod["volumes"]) <= _as_set(pod["volumes"])
+
+
+@pytest.mark.parametrize("overlay", ["ascend", "ascend-split"])
+def test_the_ascend_overlays_mount_the_driver_and_keep_kv_ports_clear_of_hccl(overlay, monkeypatch):
+    objects = k8s_objects(overlay)
+    for name, (module, container) in _workers(objects).items():
+        pod = objects[(_kind_of(objects, name), name)]["spec"]["template"]
         host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}
         mounts = {m["name"]: (m["mountPath"], m.get("readOnly")) for m in container["volumeMounts"]}
         assert set(host_paths.values()) == {"/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
                                             "/etc/hccn.conf", "/etc/ascend_install.info"}
-        assert all(mounts[name] == (path, True) for name, path in host_paths.items())
+        assert all(mounts[volume] == (path, True) for volume, path in host_paths.items())
         env = _environment(container)
         assert (env["HCCL_IF_IP"], env["PDMESH_WORKER_MOONCAKE_PROTOCOL"]) == (POD_IP, "ascend")
-        if role == "prefill":
-            kv_port = _settings("prefill", container, monkeypatch).kv_port
-            assert 28000 <= kv_port < int(env["HCCL_IF_BASE_PORT"])
+        worker = _settings(module, container, monkeypatch)
+        if worker.produces:   # its KV port moved, in the pod and in its Service alike
+            assert 28000 <= worker.kv_port < int(env["HCCL_IF_BASE_PORT"])
+            assert worker.kv_port == _service_port(objects, SERVICE_OF[name], "kv")

@@ -14,21 +14,26 @@ import stat
 import pytest
 
 from tests.deploy.rendered import (DEPLOY, DEV_SECRETS, K8S, OVERLAYS, copy_k8s, generate_secrets, k8s_objects,
-                                   k8s_tree, kustomize_build)
+                                   k8s_tree, kustomize_build, layout_of)
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 ANYONE = "anyone"
 PROMETHEUS = "prometheus pods (any namespace)"
 PROMETHEUS_SELECTOR = {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
-MESH = {"gateway", "prefill", "decode"}
-# role → its named port → who may open a connection to it
-ALLOWED_INGRESS = {
-    "gateway": {"grpc": {ANYONE}, "http": {ANYONE}, "metrics": {PROMETHEUS}},
-    "prefill": {"grpc": {"gateway"}, "kv": {"prefill", "decode"}, "metrics": {PROMETHEUS}},
-    "decode": {"grpc": {"gateway"}, "metrics": {PROMETHEUS}},
-    "redis": {"redis": MESH},
-    "otel-collector": {"otlp-grpc": MESH},
-}
+WORKERS = {"both": {"worker"}, "split": {"prefill", "decode"}}   # by layout: workloads' names less "pdmesh-"
+KV_PRODUCERS = {"worker", "prefill"}
+
+
+def allowed_ingress(layout: str) -> dict[str, dict[str, set[str]]]:
+    """role → its named port → who may open a connection to it. Only the gateway calls a worker's gRPC
+    port (moves included); workers read KV (transfers, the KV store) from each other's KV port."""
+    workers = WORKERS[layout]
+    mesh = {"gateway", *workers}
+    return {"gateway": {"grpc": {ANYONE}, "http": {ANYONE}, "metrics": {PROMETHEUS}},
+            **{worker: {"grpc": {"gateway"}, **({"kv": workers} if worker in KV_PRODUCERS else {}),
+                        "metrics": {PROMETHEUS}} for worker in workers},
+            "redis": {"redis": mesh},
+            "otel-collector": {"otlp-grpc": mesh}}
 
 
 def _pods(objects) -> dict[str, dict]:
@@ -82,7 +87,7 @@ def _image_user(dockerfile: str) -> int:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_pod_runs_non_root_read_only_without_capabilities(overlay):
     pods = _pods(k8s_objects(overlay))
-    assert set(pods) == set(ALLOWED_INGRESS)
+    assert set(pods) == set(allowed_ingress(layout_of(overlay)))
     for role, pod in pods.items():
         spec = pod["spec"]
         context = spec["securityContext"]
@@ -91,7 +96,7 @@ def test_every_pod_runs_non_root_read_only_without_capabilities(overlay):
         for container in spec["containers"] + spec.get("initContainers", []):
             assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                                     "capabilities": {"drop": ["ALL"]}}, role
-    for role in MESH:   # pdmesh's images: their own user, and /tmp writable for the engines and tokenizers
+    for role in {"gateway", *WORKERS[layout_of(overlay)]}:   # pdmesh's images: their own user, and /tmp writable
         image_user = _image_user("Dockerfile.gateway" if role == "gateway" else "Dockerfile")
         assert pods[role]["spec"]["securityContext"]["runAsUser"] == image_user
         [container] = pods[role]["spec"]["containers"]
@@ -154,6 +159,7 @@ def test_network_policies_select_every_pod_and_let_in_only_each_roles_peers(over
     objects = k8s_objects(overlay)
     pods = _pods(objects)
     allowed = _allowed_ingress(objects, pods)
+    wanted = allowed_ingress(layout_of(overlay))
     for role, pod in pods.items():
         named = {port["name"]: port["containerPort"] for c in pod["spec"]["containers"] for port in c["ports"]}
-        assert allowed[role] == {named[name]: peers for name, peers in ALLOWED_INGRESS[role].items()}, role
+        assert allowed[role] == {named[name]: peers for name, peers in wanted[role].items()}, role
