@@ -57,10 +57,10 @@ SHORT = Workload("short", "random 512 in / 128 out, closed loop", CLOSED, (4, 16
                  random_lengths(512, 128))
 LONG = Workload("long", "random 2,000 in / 64 out, Poisson", POISSON, (0.5, 1.0, 2.0, 3.0, 4.0), 200,
                 random_lengths(2000, 64))
-MIXED = Workload("mixed", "random 100-1,900 in / 13-243 out, Poisson", POISSON, (1.0, 2.0, 4.0, 6.0), 200,
+MIXED = Workload("mixed", "random 100-1,900 in / 13-243 out, Poisson", POISSON, (2.0, 4.0, 6.0, 8.0), 200,
                  random_lengths(1000, 128, 0.9))
 SHARED = Workload("shared_prefix", "4 shared 1,536-token prefixes + 256 own tokens / 64 out, Poisson", POISSON,
-                  (1.0, 2.0, 4.0), 200, SHARED_PREFIX)
+                  (2.0, 4.0, 6.0, 8.0), 200, SHARED_PREFIX)
 PHASES = Workload("phase_change", "alternating minutes of long prompts (2,000 / 64) and chat (256 / 256), "
                   "replayed on its timestamps", TRACE, (0.5, 1.0, 1.5), 0, trace="phase_change.jsonl")
 TRACE_MIXED = Workload("trace", "a synthetic trace in Mooncake's format: lengths and shared prefixes of "
