@@ -55,7 +55,7 @@ SHARED_PREFIX = ("--dataset-name", "prefix_repetition", "--prefix-repetition-pre
 
 SHORT = Workload("short", "random 512 in / 128 out, closed loop", CLOSED, (4, 16, 32), 200,
                  random_lengths(512, 128))
-LONG = Workload("long", "random 2,000 in / 64 out, Poisson", POISSON, (0.5, 1.0, 2.0, 3.0, 4.0), 200,
+LONG = Workload("long", "random 2,000 in / 64 out, Poisson", POISSON, (1.0, 2.0, 3.0, 4.0, 5.0), 200,
                 random_lengths(2000, 64))
 MIXED = Workload("mixed", "random 100-1,900 in / 13-243 out, Poisson", POISSON, (2.0, 4.0, 6.0, 8.0), 200,
                  random_lengths(1000, 128, 0.9))
