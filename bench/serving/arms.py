@@ -90,6 +90,8 @@ ARMS: dict[str, System] = {s.name: s for s in (
                 "processes and the gateway free (vllm-1core's layout behind the gateway)", UNPINNED, num_both=1),
     _both_roles("pdmesh-1worker-spin", "pdmesh-1worker with vLLM's spinning queue readers", UNPINNED + SPIN,
                 num_both=1),
+    _both_roles("pdmesh-1worker-nostore", "pdmesh-1worker without its KV store (no prompt saved to the tiers "
+                "while it decodes)", UNPINNED + ("--no-store.enabled",), num_both=1),
     _both_roles("pdmesh-1worker-spin-cache", "pdmesh-1worker-spin with oneDNN's primitive cache on (1024, "
                 "oneDNN's default)", UNPINNED + SPIN + PRIMITIVE_CACHE, num_both=1),
     System("pdmesh-whole", "pdmesh", num_both=2, gateway_args=("--disagg_policy", "local"), static=False,
