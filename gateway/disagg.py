@@ -37,6 +37,7 @@ from typing import Protocol
 from gateway.flows import Flows
 from gateway.prompt_names import PromptNames
 from gateway.seen_prefixes import SeenPrefixes
+from pdmesh.ewma import Ewma
 from pdmesh.v1 import worker_pb2
 
 
@@ -71,17 +72,6 @@ class RatedWorker(Protocol):
 
     def tpot_s(self) -> float:
         """The TPOT its streams see now, as it publishes it (0: serves none, or not known yet)."""
-
-
-class Ewma:
-    def __init__(self, initial: float, alpha: float = 0.2) -> None:
-        self.value = initial
-        self.num_samples = 0
-        self._alpha = alpha
-
-    def observe(self, sample: float) -> None:
-        self.value = sample if self.num_samples == 0 else self.value + self._alpha * (sample - self.value)
-        self.num_samples += 1
 
 
 class QueuedWork:

@@ -16,27 +16,30 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pdmesh.ewma import Ewma
+
 
 class DecodeStepTime:
     def __init__(self, max_gap_s: float = 2.0, alpha: float = 0.05) -> None:
         self._max_gap_s = max_gap_s
-        self._alpha = alpha
-        self._step_s = 0.0
+        self._average_s = Ewma(0.0, alpha)
         self._last_start: float | None = None
-        self.num_samples = 0
 
     @property
     def step_s(self) -> float:
         """The moving average of the decoding steps' time (0: none measured yet)."""
-        return self._step_s
+        return self._average_s.value
+
+    @property
+    def num_samples(self) -> int:
+        return self._average_s.num_samples
 
     def on_step(self, num_decodes: int, now: float | None = None) -> None:
         """A step starts that decodes `num_decodes` requests already running."""
         now = time.perf_counter() if now is None else now
-        if num_decodes > 0 and self._last_start is not None and 0 < now - self._last_start <= self._max_gap_s:
-            sample_s = now - self._last_start
-            self._step_s = sample_s if self.num_samples == 0 else self._step_s + self._alpha * (sample_s - self._step_s)
-            self.num_samples += 1
+        gap_s = now - self._last_start if self._last_start is not None else 0.0
+        if num_decodes > 0 and 0 < gap_s <= self._max_gap_s:
+            self._average_s.observe(gap_s)
         self._last_start = now
 
 
